@@ -1,0 +1,205 @@
+"""Procedural 64x64 scenes with captions: the training data of the built-in model.
+
+A scene is a background (smooth: flat colour or a sky/sunset gradient; textured: grass, gravel or
+brick from photographic textures shipped with the package) with one or two objects on it. Smooth
+and textured regions side by side are what content-aware decoding is about, so every scene mixes
+both kinds of region. Rendering is deterministic in the seed; `render_scene(seed)` for a single
+scene, `sample_scenes(n, seed)` for a batch.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from importlib import resources
+
+import numpy as np
+from PIL import Image
+
+SIZE = 64
+
+COLOURS: dict[str, tuple[int, int, int]] = {
+    "red": (220, 40, 40),
+    "green": (40, 180, 60),
+    "blue": (40, 80, 220),
+    "yellow": (240, 220, 40),
+    "white": (245, 245, 245),
+    "purple": (150, 60, 190),
+}
+SHAPES = ("circle", "square", "triangle", "diamond")
+POSITIONS = ("left", "center", "right")
+SIZES = ("small", "big")
+# Backgrounds: the first three are smooth, the last three textured (the "ground" under a sky).
+BACKGROUNDS = ("blue sky", "sunset", "plain grey", "grass", "gravel", "brick")
+SMOOTH_BACKGROUNDS = BACKGROUNDS[:3]
+TEXTURES = {"grass": (70, 150, 50), "gravel": (150, 140, 130), "brick": (170, 80, 60)}
+
+_X_CENTRE = {"left": 16, "center": 32, "right": 48}
+_RADIUS = {"small": 7, "big": 12}
+
+
+@dataclass(frozen=True)
+class SceneObject:
+    shape: str
+    colour: str
+    position: str
+    size: str
+
+
+@dataclass(frozen=True)
+class Scene:
+    """A rendered scene: `image` [64, 64, 3] uint8, its caption and attribute labels."""
+
+    image: np.ndarray
+    caption: str
+    background: str
+    objects: tuple[SceneObject, ...]
+
+    @property
+    def labels(self) -> dict[str, int]:
+        """Class indices of the main (first) object and the background, for the judge."""
+        main = self.objects[0]
+        return {
+            "shape": SHAPES.index(main.shape),
+            "colour": list(COLOURS).index(main.colour),
+            "background": BACKGROUNDS.index(self.background),
+        }
+
+
+@functools.cache
+def _texture(name: str) -> np.ndarray:
+    path = resources.files("speculaas.models.builtin") / "textures" / f"{name}.png"
+    with resources.as_file(path) as p:
+        return np.asarray(Image.open(p).convert("L"), dtype=np.float32) / 255.0
+
+
+def _gradient(top: tuple[int, ...], bottom: tuple[int, ...], rows: int) -> np.ndarray:
+    t = np.linspace(0.0, 1.0, rows, dtype=np.float32)[:, None, None]
+    col = (1 - t) * np.array(top, np.float32) + t * np.array(bottom, np.float32)
+    return np.broadcast_to(col, (rows, SIZE, 3)).copy()
+
+
+def _sky(kind: str, rows: int, rng: np.random.Generator) -> np.ndarray:
+    jitter = rng.uniform(-15, 15, size=3)
+    if kind == "blue sky":
+        return _gradient(np.add((70, 130, 230), jitter), (200, 225, 250), rows)
+    if kind == "sunset":
+        return _gradient(np.add((120, 60, 150), jitter), (250, 150, 60), rows)
+    return np.broadcast_to(np.add((150, 150, 150), jitter), (rows, SIZE, 3)).astype(np.float32)
+
+
+def _ground(kind: str, rows: int, rng: np.random.Generator) -> np.ndarray:
+    tex = _texture(kind)
+    y, x = rng.integers(0, tex.shape[0] - rows + 1), rng.integers(0, tex.shape[1] - SIZE + 1)
+    patch = tex[y : y + rows, x : x + SIZE, None]
+    tint = np.array(TEXTURES[kind], np.float32)
+    return np.clip(tint * (0.35 + 1.3 * patch), 0, 255)
+
+
+def _background(kind: str, rng: np.random.Generator) -> np.ndarray:
+    if kind in SMOOTH_BACKGROUNDS:
+        return _sky(kind, SIZE, rng)
+    # Textured ground under a smooth sky: the horizon sits in the upper half.
+    horizon = int(rng.integers(16, 33))
+    sky = _sky(("blue sky", "sunset")[int(rng.integers(2))], horizon, rng)
+    return np.concatenate([sky, _ground(kind, SIZE - horizon, rng)], axis=0)
+
+
+def _mask(obj: SceneObject, cy: float, cx: float) -> np.ndarray:
+    yy, xx = np.mgrid[0:SIZE, 0:SIZE].astype(np.float32) + 0.5
+    r = _RADIUS[obj.size]
+    dy, dx = yy - cy, xx - cx
+    if obj.shape == "circle":
+        return dy**2 + dx**2 <= r**2
+    if obj.shape == "square":
+        return (np.abs(dy) <= r * 0.85) & (np.abs(dx) <= r * 0.85)
+    if obj.shape == "diamond":
+        return np.abs(dy) + np.abs(dx) <= r * 1.15
+    # Upward triangle: apex at the top, base at the bottom.
+    h = (dy + r) / (2 * r)
+    return (h >= 0) & (h <= 1) & (np.abs(dx) <= h * r)
+
+
+def _caption(objects: tuple[SceneObject, ...], background: str) -> str:
+    def phrase(o: SceneObject) -> str:
+        return f"a {o.size} {o.colour} {o.shape} on the {o.position}"
+
+    bg = {
+        "blue sky": "under a blue sky",
+        "sunset": "at sunset",
+        "plain grey": "on a plain grey background",
+        "grass": "over grass",
+        "gravel": "over gravel",
+        "brick": "in front of a brick wall",
+    }[background]
+    text = f"{phrase(objects[0])} {bg}"
+    if len(objects) > 1:
+        text += f" and {phrase(objects[1])}"
+    return text
+
+
+def render_scene(seed: int) -> Scene:
+    """Render the scene with this seed. The same seed always gives the same pixels and caption."""
+    rng = np.random.default_rng(seed)
+    background = BACKGROUNDS[int(rng.integers(len(BACKGROUNDS)))]
+    n_objects = 2 if rng.random() < 0.3 else 1
+    positions = rng.permutation(len(POSITIONS))[:n_objects]
+    colours = rng.permutation(len(COLOURS))[:n_objects]
+    objects = tuple(
+        SceneObject(
+            shape=SHAPES[int(rng.integers(len(SHAPES)))],
+            colour=list(COLOURS)[int(c)],
+            position=POSITIONS[int(p)],
+            size=SIZES[int(rng.integers(len(SIZES)))] if i == 0 else "small",
+        )
+        for i, (p, c) in enumerate(zip(positions, colours, strict=True))
+    )
+    img = _background(background, rng)
+    for obj in objects:
+        cy = 40 + rng.uniform(-4, 4)
+        cx = _X_CENTRE[obj.position] + rng.uniform(-3, 3)
+        m = _mask(obj, cy, cx)
+        colour = np.array(COLOURS[obj.colour], np.float32) + rng.uniform(-12, 12, size=3)
+        shade = 1.0 - 0.25 * np.clip((np.mgrid[0:SIZE, 0:SIZE][0] - cy) / 24, -1, 1)[..., None]
+        img = np.where(m[..., None], np.clip(colour * shade, 0, 255), img)
+    image = np.clip(img, 0, 255).round().astype(np.uint8)
+    return Scene(image=image, caption=_caption(objects, background), background=background,
+                 objects=objects)
+
+
+def sample_scenes(n: int, seed: int) -> list[Scene]:
+    """`n` scenes with seeds `seed, seed + 1, ...`."""
+    return [render_scene(seed + i) for i in range(n)]
+
+
+# Caption vocabulary: every word the grammar can produce, plus the special tokens.
+PAD, NULL, BOI = "<pad>", "<null>", "<image>"
+WORDS = (
+    PAD, NULL, BOI, "a", "on", "the", "and", "under", "blue", "sky", "at", "sunset", "plain",
+    "grey", "background", "over", "grass", "gravel", "in", "front", "of", "brick", "wall",
+    *SIZES, *COLOURS, *SHAPES, *POSITIONS,
+)
+CAPTION_LEN = 24  # longest caption is 21 words; the image-start token follows
+
+
+def tokenize_caption(caption: str | None, *, null: bool = False) -> list[int]:
+    """Word ids of `caption` padded to CAPTION_LEN, then the image-start id.
+
+    `null=True` (or `caption=None`) gives the unconditional prefix used for classifier-free
+    guidance: every caption slot holds the null token.
+    """
+    if caption is None or null:
+        ids = [WORDS.index(NULL)] * CAPTION_LEN
+    else:
+        words = caption.lower().replace(",", " ").split()
+        unknown = sorted({w for w in words if w not in WORDS or w in (PAD, NULL, BOI)})
+        if unknown:
+            raise ValueError(
+                f"caption uses words the built-in model does not know: {unknown}; "
+                f"known words: {' '.join(WORDS[3:])}"
+            )
+        if len(words) > CAPTION_LEN:
+            raise ValueError(f"caption has {len(words)} words; the built-in model takes at most "
+                             f"{CAPTION_LEN}")
+        ids = [WORDS.index(w) for w in words] + [WORDS.index(PAD)] * (CAPTION_LEN - len(words))
+    return ids + [WORDS.index(BOI)]

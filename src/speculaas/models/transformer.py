@@ -1,0 +1,143 @@
+"""A small decoder-only transformer with a static KV cache and per-row write positions.
+
+Used twice: randomly initialised as the `tiny` test model, trained as the built-in model. The
+cache is preallocated for every row and never copied on rollback: a row "rolls back" simply by
+writing its next window at its committed length, and attention only sees keys at positions up
+to the query's own (gpt-fast / nanochat style). That is what lets each image of a batch advance
+by its own accepted length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    vocab_in: int  # input ids: condition tokens and image tokens share one table
+    vocab_out: int  # output head: image tokens only
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    max_len: int = 512
+    rope_base: float = 10000.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _rope(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
+    """Rotary embedding. x [rows, heads, L, head_dim]; pos [rows, L] absolute positions."""
+    half = x.shape[-1] // 2
+    freqs = base ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    ang = pos.to(torch.float32)[:, None, :, None] * freqs  # [rows, 1, L, half]
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class KVCache:
+    """Preallocated keys/values: [layers, rows, heads, max_len, head_dim] each."""
+
+    def __init__(self, cfg: DecoderConfig, rows: int, device, dtype) -> None:
+        hd = cfg.d_model // cfg.n_heads
+        shape = (cfg.n_layers, rows, cfg.n_heads, cfg.max_len, hd)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.norm1 = nn.LayerNorm(cfg.d_model)
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.norm2 = nn.LayerNorm(cfg.d_model)
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.d_model, 4 * cfg.d_model), nn.GELU(), nn.Linear(4 * cfg.d_model, cfg.d_model)
+        )
+
+    def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        rows, length, _ = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split(self.cfg.d_model, dim=-1)
+        shape = (rows, length, self.cfg.n_heads, -1)
+        return (t.view(shape).transpose(1, 2) for t in (q, k, v))  # type: ignore[return-value]
+
+    def forward(self, x, pos, layer_cache=None, rows=None, mask=None):  # noqa: ANN001, ANN201
+        """x [rows, L, d]; pos [rows, L]. Without a cache: plain causal self-attention (training).
+
+        With a cache (`layer_cache` = (k, v) of this layer, `rows` the cache rows these inputs
+        belong to, `mask` [rows, 1, L, S]): the window's keys/values are written at their
+        positions, then the queries attend to the first S cached positions of their rows.
+        """
+        q, k, v = self._heads(x)
+        q, k = _rope(q, pos, self.cfg.rope_base), _rope(k, pos, self.cfg.rope_base)
+        if layer_cache is None:
+            att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            ck, cv = layer_cache
+            # Advanced indices around a slice move to the front: the target view is [rows, L, H, hd].
+            ck[rows[:, None], :, pos] = k.transpose(1, 2)
+            cv[rows[:, None], :, pos] = v.transpose(1, 2)
+            span = mask.shape[-1]
+            att = F.scaled_dot_product_attention(q, ck[rows, :, :span], cv[rows, :, :span], attn_mask=mask)
+        x = x + self.proj(att.transpose(1, 2).reshape(x.shape))
+        return x + self.mlp(self.norm2(x))
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        if cfg.d_model % cfg.n_heads or (cfg.d_model // cfg.n_heads) % 2:
+            raise ValueError(f"d_model {cfg.d_model} must split into an even head size over "
+                             f"{cfg.n_heads} heads")
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_in, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_out, bias=False)
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """Training / reference path. ids [B, T] -> logits [B, T, vocab_out]."""
+        pos = torch.arange(ids.shape[1], device=ids.device).expand(ids.shape[0], -1)
+        x = self.embed(ids)
+        for blk in self.blocks:
+            x = blk(x, pos)
+        return self.head(self.norm(x))
+
+    def new_cache(self, rows: int) -> KVCache:
+        p = next(self.parameters())
+        return KVCache(self.cfg, rows, p.device, p.dtype)
+
+    def forward_cached(self, ids: torch.Tensor, start: torch.Tensor, cache: KVCache,
+                       rows: torch.Tensor) -> torch.Tensor:
+        """ids [R, L] placed at positions start[r] .. start[r] + L - 1 of cache rows `rows` [R].
+
+        Keys beyond a query's own position are masked, so whatever stale window a row left in
+        its cache past its committed length is never seen. Returns logits [R, L, vocab_out].
+        """
+        length = ids.shape[1]
+        pos = start[:, None] + torch.arange(length, device=ids.device)  # [R, L]
+        span = int(pos.max()) + 1
+        if span > self.cfg.max_len:
+            raise ValueError(f"sequence of {span} positions exceeds the model's max_len "
+                             f"{self.cfg.max_len}")
+        keys = torch.arange(span, device=ids.device)
+        mask = (keys[None, None, :] <= pos[:, :, None])[:, None]  # [R, 1, L, S]
+        x = self.embed(ids)
+        for i, blk in enumerate(self.blocks):
+            x = blk(x, pos, (cache.k[i], cache.v[i]), rows, mask)
+        return self.head(self.norm(x))
