@@ -1,0 +1,47 @@
+"""Model adapters by name: `load_model("builtin")`, `load_model("tiny", vocab_size=8, ...)`."""
+
+from __future__ import annotations
+
+import inspect
+
+from .base import ImageModel, Layout, Session
+
+
+def _builtin(path=None, **kw):  # noqa: ANN001, ANN202
+    from .builtin.model import BuiltinModel
+    return BuiltinModel(path, **kw)
+
+
+def _tiny(**kw):  # noqa: ANN202
+    from .tiny import TinyModel
+    return TinyModel(**kw)
+
+
+def _toy(**kw):  # noqa: ANN202
+    from .tiny import ToyModel
+    return ToyModel(**kw)
+
+
+MODELS = {"builtin": _builtin, "tiny": _tiny, "toy": _toy}
+
+
+def load_model(name: str, path: str | None = None, **kwargs) -> ImageModel:
+    """Load a model adapter by name. `path` is a local weights folder or hub name where the
+    family takes one; keyword options go to the adapter (e.g. `device=`)."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; valid: {sorted(MODELS)}")
+    if path is not None:
+        if name in ("tiny", "toy"):
+            raise ValueError(f"the {name} model has random weights and takes no path")
+        kwargs["path"] = path
+    try:
+        return MODELS[name](**kwargs)
+    except TypeError as e:
+        from .tiny import TinyModel, ToyModel
+        cls = {"tiny": TinyModel, "toy": ToyModel}.get(name)
+        valid = ([p for p in inspect.signature(cls.__init__).parameters if p != "self"] if cls
+                 else ["path", "device"])
+        raise ValueError(f"bad option for model {name!r}: {e}; valid: {valid}") from None
+
+
+__all__ = ["ImageModel", "Layout", "Session", "MODELS", "load_model"]

@@ -122,15 +122,13 @@ class Decoder(nn.Module):
         p = next(self.parameters())
         return KVCache(self.cfg, rows, p.device, p.dtype)
 
-    def forward_cached(self, ids: torch.Tensor, start: torch.Tensor, cache: KVCache,
+    def forward_cached(self, ids: torch.Tensor, pos: torch.Tensor, cache: KVCache,
                        rows: torch.Tensor) -> torch.Tensor:
-        """ids [R, L] placed at positions start[r] .. start[r] + L - 1 of cache rows `rows` [R].
+        """ids [R, L] placed at positions pos [R, L] of cache rows `rows` [R].
 
         Keys beyond a query's own position are masked, so whatever stale window a row left in
         its cache past its committed length is never seen. Returns logits [R, L, vocab_out].
         """
-        length = ids.shape[1]
-        pos = start[:, None] + torch.arange(length, device=ids.device)  # [R, L]
         span = int(pos.max()) + 1
         if span > self.cfg.max_len:
             raise ValueError(f"sequence of {span} positions exceeds the model's max_len "

@@ -1,0 +1,132 @@
+"""`generate()`: the one-call entry point."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from PIL import Image
+
+from . import acceptance
+from .config import JacobiConfig, SamplingConfig
+from .decoding import DecodeResult, autoregressive_decode, jacobi_decode
+from .models.base import ImageModel
+
+METHODS = ("ar", "sjd", "csd", "gsd", "lantern", "amplify", "addition")
+
+
+@dataclass
+class GenerationOutput:
+    """Result of `generate()`. B images on a rows x cols grid of N = rows * cols tokens.
+
+    tokens [B, N] image tokens in raster order; images: PIL images; forward_passes [B] target
+    forwards spent on each image (prefill excluded: AR spends N); commit_step [B, rows, cols]
+    iteration that committed each token; drafted [B, rows, cols] True where an accepted draft was
+    committed; entropy [B, rows, cols] target entropy (nats) at each token's verification;
+    latency_s wall time of prefill + decode (image decoding excluded).
+    """
+
+    method: str
+    tokens: torch.Tensor
+    images: list[Image.Image]
+    forward_passes: torch.Tensor
+    commit_step: torch.Tensor
+    drafted: torch.Tensor
+    entropy: torch.Tensor
+    accept_hist: torch.Tensor
+    latency_s: float
+    rule_seconds: float
+    options: dict = field(default_factory=dict)
+    sequence: torch.Tensor | None = None  # generated tokens including structural ones
+
+    @property
+    def step_compression(self) -> torch.Tensor:
+        """Tokens per target forward, per image: N / forward_passes."""
+        return self.tokens.shape[1] / self.forward_passes.float()
+
+
+def resolve_sampling(model: ImageModel, temperature: float | None = None,
+                     top_k: int | None = None, top_p: float | None = None,
+                     cfg_scale: float | None = None) -> SamplingConfig:
+    """None takes the model's default; top_k=0, top_p=1 and cfg_scale=1 switch each off."""
+    d = model.defaults
+    top_k = d.top_k if top_k is None else (None if top_k == 0 else top_k)
+    return SamplingConfig(temperature=d.temperature if temperature is None else temperature,
+                          top_k=top_k, top_p=d.top_p if top_p is None else top_p,
+                          cfg_scale=d.cfg_scale if cfg_scale is None else cfg_scale)
+
+
+def build_rule(model: ImageModel, method: str, **options) -> acceptance.AcceptanceRule:
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; valid: {METHODS}")
+    if method == "ar":
+        if options:
+            raise ValueError(f"method 'ar' takes no options, got {sorted(options)}")
+        return acceptance.get("sjd")
+    cls = acceptance.RULES[method]
+    data = {}
+    for need in cls.needs:
+        value = getattr(model, need)()
+        if value is not None:
+            data[need] = value
+    return acceptance.get(method, **options, **data)
+
+
+def generators_for(model: ImageModel, seed: int | list[int], batch: int) -> list[torch.Generator]:
+    """Per-image random streams: image i of a call with seed s uses seed s + i (or seed[i]
+    when a list is given), so an image does not depend on what else is in its batch."""
+    seeds = list(seed) if isinstance(seed, (list, tuple)) else [int(seed) + i for i in range(batch)]
+    if len(seeds) != batch:
+        raise ValueError(f"got {len(seeds)} seeds for {batch} prompts")
+    return [torch.Generator(device=model.device).manual_seed(int(s)) for s in seeds]
+
+
+def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[int] = 0,
+             window: int = 16, temperature: float | None = None, top_k: int | None = None,
+             top_p: float | None = None, cfg_scale: float | None = None,
+             draft_init: str = "uniform", advance: str = "per_image", progress: bool = False,
+             decode_images: bool = True, profile: bool = False, **options) -> GenerationOutput:
+    """Generate one image per prompt with `method` (see METHODS); method options by name
+    (csd: lam, delta, filter; gsd: group_size, prob_threshold, dist_threshold; lantern: k,
+    delta; amplify: k; addition: eps)."""
+    if not isinstance(prompts, (list, tuple)):
+        prompts = [prompts]
+    if len(prompts) == 0:
+        raise ValueError("prompts is empty; pass one prompt (or None) per image")
+    rule = build_rule(model, method, **options)
+    sampling = resolve_sampling(model, temperature, top_k, top_p, cfg_scale)
+    jacobi = JacobiConfig(window=window, draft_init=draft_init, advance=advance)
+    gens = generators_for(model, seed, len(prompts))
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(prompts) * model.layout.length, desc=method, unit="tok",
+                   dynamic_ncols=True, leave=False)
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+    t0 = time.perf_counter()
+    session = model.start(list(prompts), cfg=sampling.uses_cfg)
+    if method == "ar":
+        res: DecodeResult = autoregressive_decode(model, session, sampling, gens, bar)
+    else:
+        res = jacobi_decode(model, session, rule, sampling, jacobi, gens, bar, profile=profile)
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+    latency = time.perf_counter() - t0
+    if bar is not None:
+        bar.close()
+    lay = model.layout
+    rows, cols = lay.grid
+
+    def grid(x: torch.Tensor) -> torch.Tensor:
+        return lay.image_tokens(x).reshape(len(prompts), rows, cols).cpu()
+
+    return GenerationOutput(
+        method=method, tokens=lay.image_tokens(res.tokens).cpu(),
+        images=model.decode(res.tokens) if decode_images else [],
+        forward_passes=res.forward_passes.cpu(), commit_step=grid(res.commit_step),
+        drafted=grid(res.drafted), entropy=grid(res.entropy), accept_hist=res.accept_hist.cpu(),
+        latency_s=latency, rule_seconds=res.rule_seconds,
+        options={"window": window, **options, **{k: v for k, v in vars(sampling).items()}},
+        sequence=res.tokens.cpu())

@@ -1,0 +1,151 @@
+"""Speculative Jacobi decoding with a pluggable acceptance rule; every image advances on its own.
+
+One iteration, for each unfinished image with n committed tokens:
+  window  = [last committed token, d_0 .. d_{K-1}]      d_j is the draft for position n + j
+  forward -> target_probs q_0 .. q_K                     q_j is the distribution of position n + j
+  verify  d_j against q_j with the rule; a = index of the first rejection (K if none)
+  commit  d_0 .. d_{a-1}, then one token at position n + a: resampled from the rule's residual
+          if d_a was rejected, else (all K accepted) a bonus token from q_K
+  recycle fresh samples y_j ~ q_j for j > a become the next drafts, with q_j as their draft
+          distribution (the Jacobi update); the rest of the window is filled with fresh drafts
+The KV cache needs no explicit rollback: each image writes its next window at its committed
+length and attention masks keys beyond the query's position.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..acceptance.base import AcceptanceRule
+from ..acceptance.functional import entropy, first_rejection
+from ..config import JacobiConfig, SamplingConfig
+from ..models.base import ImageModel, Session
+from ..sampling import sample_with_uniform, target_probs
+from .result import DecodeResult, draw
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def jacobi_decode(model: ImageModel, session: Session, rule: AcceptanceRule,
+                  sampling: SamplingConfig, jacobi: JacobiConfig,
+                  generators: list[torch.Generator], progress=None,  # noqa: ANN001
+                  profile: bool = False) -> DecodeResult:
+    batch, length = session.batch_size, model.layout.length
+    vocab, window, dev = model.vocab_size, jacobi.window, model.device
+    slots = torch.arange(window, device=dev)
+    forced = torch.cat([model.layout.forced.to(dev), torch.full((window,), -1, device=dev)])
+    dump = length + window  # column that absorbs writes of uncommitted slots
+    seq = torch.zeros(batch, dump + 1, dtype=torch.long, device=dev)
+    commit_step = torch.full((batch, dump + 1), -1, dtype=torch.long, device=dev)
+    drafted = torch.zeros(batch, dump + 1, dtype=torch.bool, device=dev)
+    ent = torch.zeros(batch, dump + 1, device=dev)
+    n = torch.zeros(batch, dtype=torch.long, device=dev)
+    n_recycled = torch.zeros(batch, dtype=torch.long, device=dev)
+    drafts = torch.zeros(batch, max(window - 1, 1), dtype=torch.long, device=dev)
+    draft_probs = torch.zeros(batch, max(window - 1, 1), vocab, device=dev)
+    forward_passes = torch.zeros(batch, dtype=torch.long, device=dev)
+    hist = torch.zeros(batch, window, dtype=torch.long, device=dev)
+    rule_seconds, it = 0.0, 0
+
+    while True:
+        act = (n < length).nonzero().squeeze(1)
+        if act.numel() == 0:
+            break
+        b, na = act.numel(), n[act]
+        rows = torch.arange(b, device=dev)
+        outputs = (length - na).clamp(max=window)  # distributions each image still needs
+        L = int(outputs.max())
+        K = L - 1
+        rnd = draw(generators, act, 3 * window + 1, dev)
+        u_accept, u_sample = rnd[:, :window], rnd[:, window : 2 * window]
+        u_extra, u_fresh = rnd[:, 2 * window], rnd[:, 2 * window + 1 :]
+
+        # Drafts: recycled ones first, fresh uniform ones after, forced tokens where required.
+        pos = na[:, None] + slots[:L]  # [b, L] generated positions of the outputs
+        f = forced[pos]
+        fresh = slots[:K] >= n_recycled[act, None]
+        d = torch.where(fresh, (u_fresh[:, :K] * vocab).long().clamp_(max=vocab - 1),
+                        drafts[act, :K])
+        dp = draft_probs[act, :K]
+        if jacobi.draft_init == "uniform":
+            dp = torch.where(fresh[..., None], torch.full_like(dp, 1.0 / vocab), dp)
+        else:
+            dp = torch.where(fresh[..., None], _onehot(d, vocab, dp.dtype), dp)
+        fk = f[:, :K]
+        d = torch.where(fk >= 0, fk, d)
+        dp = torch.where((fk >= 0)[..., None], _onehot(fk.clamp(min=0), vocab, dp.dtype), dp)
+
+        anchor = seq[act, (na - 1).clamp(min=0)]
+        cond, uncond = session.forward(torch.cat([anchor[:, None], d], 1), na, act)
+        q = target_probs(cond, uncond, sampling, model.layout.structural)  # [b, L, V]
+        q = torch.where((f >= 0)[..., None], _onehot(f.clamp(min=0), vocab, q.dtype), q)
+
+        # Verify every draft at once; a = first rejection, capped at the last real draft.
+        if profile:
+            _sync(dev)
+        t0 = time.perf_counter()
+        if K > 0:
+            a_prob = rule.compute_acceptance(d, dp, q[:, :K])
+            ok = (u_accept[:, :K] < a_prob) | (fk >= 0)
+            ok &= slots[:K] < (outputs - 1)[:, None]
+            acc = first_rejection(ok)
+            at = acc.clamp(max=K - 1)
+            residual = rule.compute_residual(dp[rows, at][:, None], q[rows, at][:, None],
+                                             d[rows, at][:, None])[:, 0]
+        else:
+            acc = torch.zeros(b, dtype=torch.long, device=dev)
+        if profile:
+            _sync(dev)
+        rule_seconds += time.perf_counter() - t0
+        rejected = acc < outputs - 1
+        extra_probs = q[rows, acc]
+        if K > 0:
+            extra_probs = torch.where(rejected[:, None], residual, extra_probs)
+        extra = sample_with_uniform(extra_probs, u_extra)
+        y = sample_with_uniform(q, u_sample[:, :L])  # the target's own sample at every slot
+
+        # Slot j carries: an accepted draft (j < a), the committed extra (j == a), or the
+        # target's sample with q as its distribution (j > a).
+        j = slots[:L]
+        d_pad = torch.cat([d, y[:, K:]], 1)
+        out_tok = torch.where(j < acc[:, None], d_pad, torch.where(j == acc[:, None], extra[:, None], y))
+        if jacobi.advance == "batch_min":
+            # Reference-code behaviour: everyone commits as many as the worst image; the others'
+            # accepted drafts are recycled with their old draft distribution and tested again.
+            limit = acc.min().expand(b)
+            dp_pad = torch.cat([dp, q[:, K:]], 1)
+            out_dist = torch.where((j < acc[:, None])[..., None], dp_pad, q)
+        else:
+            limit, out_dist = acc, q
+        keep = j <= limit[:, None]
+        cols = torch.where(keep, pos, dump)
+        seq[act[:, None], cols] = out_tok
+        commit_step[act[:, None], cols] = it
+        drafted[act[:, None], cols] = j < acc[:, None]
+        ent[act[:, None], cols] = entropy(q)
+
+        src = (limit[:, None] + 1 + slots[: drafts.shape[1]]).clamp(max=L - 1)
+        drafts[act] = out_tok.gather(1, src)
+        draft_probs[act] = out_dist.gather(1, src[..., None].expand(-1, -1, vocab))
+        n_recycled[act] = (L - 1 - limit).clamp(min=0)
+        n[act] = na + limit + 1
+        forward_passes[act] += 1
+        hist[act, limit] += 1
+        it += 1
+        if progress is not None:
+            progress.update(int((limit + 1).clamp(max=length - na).sum()))
+
+    return DecodeResult(tokens=seq[:, :length], forward_passes=forward_passes,
+                        commit_step=commit_step[:, :length], drafted=drafted[:, :length],
+                        entropy=ent[:, :length], accept_hist=hist, iterations=it,
+                        rule_seconds=rule_seconds)
+
+
+def _onehot(tokens: torch.Tensor, vocab: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.nn.functional.one_hot(tokens, vocab).to(dtype)

@@ -1,0 +1,40 @@
+"""What a decode returns, and the per-image random streams both loops draw from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DecodeResult:
+    """Per-image record of one decode. B images, T generated positions, W window.
+
+    tokens [B, T]: generated tokens. forward_passes [B]: target forwards that worked on each
+    image (prefill not counted, so AR spends exactly T). commit_step [B, T]: iteration that
+    committed each position. drafted [B, T] bool: committed as an accepted draft (rather than
+    sampled by the target at that iteration). entropy [B, T]: entropy (nats) of the target
+    distribution that decided each position. accept_hist [B, W]: how many iterations accepted
+    0, 1, ..., W - 1 drafts. rule_seconds: time spent inside the acceptance rule.
+    """
+
+    tokens: torch.Tensor
+    forward_passes: torch.Tensor
+    commit_step: torch.Tensor
+    drafted: torch.Tensor
+    entropy: torch.Tensor
+    accept_hist: torch.Tensor
+    iterations: int
+    rule_seconds: float = 0.0
+
+
+def draw(generators: list[torch.Generator], rows: torch.Tensor, count: int,
+         device: torch.device) -> torch.Tensor:
+    """[len(rows), count] uniforms, row i from the generator of image rows[i].
+
+    Every active image draws the same count each iteration whatever the others do, so an
+    image's random stream, and hence its output, does not depend on its batch.
+    """
+    return torch.stack([torch.rand(count, generator=generators[i], device=device)
+                        for i in rows.tolist()])

@@ -1,0 +1,143 @@
+"""The model-adapter protocol: everything the decoding loop needs to know about a model.
+
+The loop speaks of a *generated sequence* of `layout.length` positions (image tokens plus any
+structural tokens the model forces, such as an end-of-row token). A `Session` holds the KV cache
+of one batch of prompts; `Session.forward` feeds a window of generated tokens and returns the
+logits for the positions that follow each of them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+from PIL import Image
+
+from ..config import SamplingConfig
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Generated-sequence layout.
+
+    length: T generated positions. grid: (rows, cols) of image cells.
+    forced: [T] long, the token forced at each position, -1 where the model chooses.
+    cells: [T] long, raster index of the grid cell each position fills, -1 for structural tokens.
+    structural: ids of structural tokens, which free positions must never sample.
+    """
+
+    length: int
+    grid: tuple[int, int]
+    forced: torch.Tensor
+    cells: torch.Tensor
+    structural: tuple[int, ...] = ()
+
+    @classmethod
+    def raster(cls, rows: int, cols: int) -> Layout:
+        n = rows * cols
+        return cls(n, (rows, cols), torch.full((n,), -1, dtype=torch.long), torch.arange(n))
+
+    @classmethod
+    def with_row_end(cls, rows: int, cols: int, row_end_token: int) -> Layout:
+        """Every row of `cols` image tokens is followed by a forced end-of-row token."""
+        n = rows * (cols + 1)
+        col = torch.arange(n) % (cols + 1)
+        is_end = col == cols
+        forced = torch.where(is_end, row_end_token, -1)
+        cells = torch.full((n,), -1, dtype=torch.long)
+        cells[~is_end] = torch.arange(rows * cols)
+        return cls(n, (rows, cols), forced, cells, (row_end_token,))
+
+    def image_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """[B, T] generated tokens -> [B, rows * cols] image tokens in raster order."""
+        return tokens[:, self.cells >= 0]
+
+
+class Session(ABC):
+    """The cache of one batch of prompts (conditional rows, plus unconditional rows for CFG)."""
+
+    batch_size: int
+
+    @abstractmethod
+    def forward(self, inputs: torch.Tensor, offset: torch.Tensor,
+                images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed a window and return (cond_logits, uncond_logits or None), each [b, L, vocab].
+
+        images [b]: which images of the batch these rows are. offset [b]: how many generated
+        tokens each of them has committed (n). inputs [b, L]: inputs[:, j] is the generated
+        token at position n - 1 + j; when n == 0 the first entry is a placeholder and the
+        adapter feeds the end of the prompt there. Output slot j is the distribution of
+        generated position n + j. Cache entries a row wrote past its committed prefix in an
+        earlier call must not influence the result (rollback by position).
+        """
+
+
+class ImageModel(ABC):
+    name: str
+    vocab_size: int  # size of the distributions the rules see
+    layout: Layout
+    defaults: SamplingConfig
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return self.layout.grid
+
+    @abstractmethod
+    def start(self, prompts: list, *, cfg: bool) -> Session:
+        """Prefill the prompts; with `cfg`, also the unconditional rows."""
+
+    @abstractmethod
+    def decode(self, tokens: torch.Tensor) -> list[Image.Image]:
+        """[B, T] generated tokens -> one PIL image per row."""
+
+    def token_embeddings(self) -> torch.Tensor | None:
+        """[vocab, dim] input embeddings of the tokens (GSD's static clusters), if any."""
+        return None
+
+    def codebook(self) -> torch.Tensor | None:
+        """[vocab, dim] VQ codes as decoding uses them (LANTERN's neighbours), if any."""
+        return None
+
+
+class PrefixDecoderSession(Session):
+    """Session over our own `Decoder`: a fixed-length prompt prefix, then generated tokens.
+
+    Rows 0..B-1 are conditional, rows B..2B-1 (with CFG) unconditional: the same generated
+    tokens are fed to both halves, so one cache holds both and rolls back by position.
+    """
+
+    def __init__(self, decoder, prefix: torch.Tensor, null_prefix: torch.Tensor | None,
+                 token_offset: int) -> None:
+        self.decoder = decoder
+        self.batch_size = prefix.shape[0]
+        self.cfg = null_prefix is not None
+        ids = prefix if null_prefix is None else torch.cat([prefix, null_prefix])
+        self.prompt_len = ids.shape[1]
+        self.token_offset = token_offset
+        self.cache = decoder.new_cache(ids.shape[0])
+        self.last_prompt = ids[:, -1]
+        device = ids.device
+        self.all_rows = torch.arange(ids.shape[0], device=device)
+        if self.prompt_len > 1:
+            pos = torch.arange(self.prompt_len - 1, device=device).expand(ids.shape[0], -1)
+            with torch.inference_mode():
+                decoder.forward_cached(ids[:, :-1], pos, self.cache, self.all_rows)
+
+    @torch.inference_mode()
+    def forward(self, inputs, offset, images):  # noqa: ANN001, ANN201
+        rows = torch.cat([images, images + self.batch_size]) if self.cfg else images
+        ids = inputs + self.token_offset
+        ids[:, 0] = torch.where(offset == 0, self.last_prompt[images], ids[:, 0])
+        if self.cfg:
+            ids, offset = torch.cat([ids, ids]), torch.cat([offset, offset])
+        pos = self.prompt_len - 1 + offset[:, None] + torch.arange(ids.shape[1], device=ids.device)
+        # Slots past a row's last position carry no information; park them on the last cache
+        # slot, which no valid query ever reads.
+        pos = pos.clamp(max=self.decoder.cfg.max_len - 1)
+        logits = self.decoder.forward_cached(ids, pos, self.cache, rows)
+        if self.cfg:
+            cond, uncond = logits.chunk(2)
+            return cond, uncond
+        return logits, None

@@ -1,0 +1,82 @@
+"""The built-in text-to-image model: scene captions -> 16x16 VQ tokens -> 64x64 RGB."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from ...config import SamplingConfig
+from ..base import ImageModel, Layout, PrefixDecoderSession, Session
+from ..transformer import Decoder, DecoderConfig
+from . import vq as vqlib
+from .judge import Judge
+from .scenes import WORDS, tokenize_caption
+
+WEIGHTS_DIR = Path(__file__).parent / "weights"
+WEIGHTS_FILE, RECORD_FILE = "builtin.safetensors", "training.json"
+# Chosen on held-out captions: guidance 3 keeps the prompt's attributes, temperature 1 its
+# variety (see docs/builtin.md).
+DEFAULTS = SamplingConfig(temperature=1.0, top_k=None, top_p=None, cfg_scale=3.0)
+
+
+def _load_part(module: torch.nn.Module, tensors: dict, prefix: str, source: Path) -> None:
+    part = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(part))
+    if missing:
+        raise ValueError(f"{source}: missing {len(missing)} tensors for {prefix[:-1]}, "
+                         f"e.g. {prefix}{missing[0]}")
+    for k, v in part.items():
+        if k in expected and expected[k].shape != v.shape:
+            raise ValueError(f"{source}: {prefix}{k} has shape {tuple(v.shape)}, expected "
+                             f"{tuple(expected[k].shape)}")
+    module.load_state_dict(part, strict=False)
+
+
+class BuiltinModel(ImageModel):
+    name = "builtin"
+
+    def __init__(self, path: str | Path | None = None, device: str | torch.device = "cpu") -> None:
+        root = Path(path) if path is not None else WEIGHTS_DIR
+        weights, record_path = root / WEIGHTS_FILE, root / RECORD_FILE
+        for f in (weights, record_path):
+            if not f.is_file():
+                raise ValueError(f"built-in model file not found: {f} (expected {WEIGHTS_FILE} "
+                                 f"and {RECORD_FILE}; `speculaas train --out DIR` makes them)")
+        self.record = json.loads(record_path.read_text())
+        self.device = torch.device(device)
+        tensors = load_file(str(weights))
+        self.decoder = Decoder(DecoderConfig(**self.record["decoder_config"]))
+        self.vq = vqlib.build_vq(**self.record["vq_config"])
+        self.judge = Judge()
+        for module, prefix in ((self.decoder, "ar."), (self.vq, "vq."), (self.judge, "judge.")):
+            _load_part(module, tensors, prefix, weights)
+            module.to(self.device).eval()
+        self.vocab_size = self.decoder.cfg.vocab_out
+        self.layout = Layout.raster(16, 16)
+        self.defaults = DEFAULTS
+
+    def _prefix(self, prompts: list, null: bool) -> torch.Tensor:
+        for p in prompts:
+            if p is not None and not isinstance(p, str):
+                raise ValueError(f"the built-in model takes caption strings or None, got {p!r}")
+        return torch.tensor([tokenize_caption(p, null=null) for p in prompts], device=self.device)
+
+    def start(self, prompts: list, *, cfg: bool) -> Session:
+        null = self._prefix(prompts, null=True) if cfg else None
+        return PrefixDecoderSession(self.decoder, self._prefix(prompts, null=False), null,
+                                    token_offset=len(WORDS))
+
+    def decode(self, tokens: torch.Tensor) -> list[Image.Image]:
+        pixels = vqlib.decode(self.vq, self.layout.image_tokens(tokens))
+        return [Image.fromarray(p) for p in pixels]
+
+    def token_embeddings(self) -> torch.Tensor:
+        return self.decoder.embed.weight[len(WORDS):].detach()
+
+    def codebook(self) -> torch.Tensor:
+        return vqlib.codebook(self.vq).detach()

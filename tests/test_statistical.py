@@ -1,0 +1,120 @@
+"""Statistical tier: SJD's output distribution equals the exact AR distribution of an enumerable
+toy model (chi-square, significance 0.001); deliberately broken variants must fail the same test."""
+
+from collections import Counter
+from dataclasses import dataclass
+
+import pytest
+import torch
+from scipy import stats
+
+import speculaas as sp
+from speculaas.acceptance.base import AcceptanceRule
+from speculaas.api import generators_for
+from speculaas.config import JacobiConfig, SamplingConfig
+from speculaas.decoding import jacobi_decode
+
+ALPHA = 1e-3
+N_SAMPLES = 24_000
+
+
+@dataclass(frozen=True)
+class AcceptEverything(AcceptanceRule):
+    """Broken on purpose: keeps every draft."""
+
+    name = "broken"
+
+    def compute_acceptance(self, draft_tokens, draft_probs, target_probs):
+        return torch.ones_like(draft_tokens, dtype=target_probs.dtype)
+
+
+@dataclass(frozen=True)
+class ResampleFromTarget(AcceptanceRule):
+    """Broken on purpose: correct test, but resamples from the target instead of the residual."""
+
+    name = "broken-residual"
+
+    def compute_residual(self, draft_probs, target_probs, draft_tokens=None):
+        return target_probs
+
+
+def sample_sequences(model, rule, jacobi, sampling, n=N_SAMPLES, chunk=6000, seed=0):
+    counts = Counter()
+    for start in range(0, n, chunk):
+        b = min(chunk, n - start)
+        session = model.start([None] * b, cfg=False)
+        gens = generators_for(model, seed + start, b)
+        res = jacobi_decode(model, session, rule, sampling, jacobi, gens)
+        counts.update(map(tuple, res.tokens.tolist()))
+    return counts
+
+
+def chi_square_p(counts, exact):
+    n = sum(counts.values())
+    keys = sorted(exact, key=exact.get, reverse=True)
+    obs, exp, o_tail, e_tail = [], [], 0.0, 0.0
+    for k in keys:  # pool the rare sequences so every bin expects at least 5
+        if exact[k] * n >= 5:
+            obs.append(counts.get(k, 0))
+            exp.append(exact[k] * n)
+        else:
+            o_tail += counts.get(k, 0)
+            e_tail += exact[k] * n
+    if e_tail > 0:
+        obs.append(o_tail)
+        exp.append(e_tail)
+    scale = sum(obs) / sum(exp)  # exact probabilities sum to 1 only up to rounding
+    return stats.chisquare(obs, [e * scale for e in exp]).pvalue
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return sp.load_model("toy", vocab_size=3, length=4, seed=0)
+
+
+@pytest.mark.parametrize("window,draft_init", [(16, "uniform"), (3, "uniform"), (3, "onehot")])
+def test_sjd_matches_exact_distribution(toy, window, draft_init):
+    sampling = SamplingConfig()
+    counts = sample_sequences(toy, sp.acceptance.get("sjd"),
+                              JacobiConfig(window=window, draft_init=draft_init), sampling)
+    assert chi_square_p(counts, toy.exact_distribution(sampling)) > ALPHA
+
+
+def test_sjd_matches_exact_distribution_with_top_k_and_temperature(toy):
+    sampling = SamplingConfig(temperature=0.7, top_k=2)
+    counts = sample_sequences(toy, sp.acceptance.get("sjd"), JacobiConfig(window=4), sampling)
+    assert chi_square_p(counts, toy.exact_distribution(sampling)) > ALPHA
+
+
+def test_acceptance_is_mixed_so_the_test_has_power(toy):
+    session = toy.start([None] * 2000, cfg=False)
+    res = jacobi_decode(toy, session, sp.acceptance.get("sjd"), SamplingConfig(),
+                        JacobiConfig(window=4), generators_for(toy, 0, 2000))
+    share = res.drafted.float().mean().item()
+    assert 0.1 < share < 0.9, share
+
+
+@pytest.mark.parametrize("rule", [AcceptEverything(), ResampleFromTarget()])
+def test_broken_rules_fail(toy, rule):
+    sampling = SamplingConfig()
+    counts = sample_sequences(toy, rule, JacobiConfig(window=4), sampling)
+    assert chi_square_p(counts, toy.exact_distribution(sampling)) < ALPHA
+
+
+def test_batch_minimum_strategy_is_biased_and_per_image_is_not():
+    # Batches of 4 images, each batch one call. Flat targets make many drafts survive, so the
+    # batch-minimum strategy re-tests accepted drafts often and its bias shows.
+    toy = sp.load_model("toy", vocab_size=3, length=4, seed=0, scale=0.3)
+    sampling = SamplingConfig()
+    exact = toy.exact_distribution(sampling)
+    rule = sp.acceptance.get("sjd")
+    for mode, biased in (("per_image", False), ("batch_min", True)):
+        counts = Counter()
+        for i in range(N_SAMPLES // 4):
+            session = toy.start([None] * 4, cfg=False)
+            res = jacobi_decode(toy, session, rule, sampling,
+                                JacobiConfig(window=4, advance=mode),
+                                generators_for(toy, 4 * i, 4))
+            counts.update(map(tuple, res.tokens.tolist()))
+        p = chi_square_p(counts, exact)
+        assert (p < ALPHA) if biased else (p > ALPHA), (mode, p)
