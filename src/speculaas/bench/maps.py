@@ -1,0 +1,50 @@
+"""Pictures of where decoding sped up: each image beside its acceptance and entropy maps."""
+
+from __future__ import annotations
+
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from PIL import Image  # noqa: E402
+
+
+def run_lengths(commit_step: torch.Tensor) -> torch.Tensor:
+    """Tokens committed in the same iteration as each token: [..., rows, cols] -> same shape."""
+    flat = commit_step.flatten(-2)
+    counts = torch.zeros(flat.shape[:-1] + (int(flat.max()) + 2,), dtype=torch.long)
+    counts.scatter_add_(-1, flat.clamp(min=0), torch.ones_like(flat))
+    return counts.gather(-1, flat.clamp(min=0)).view_as(commit_step)
+
+
+def acceptance_figure(images: list[Image.Image], commit_step: torch.Tensor,
+                      entropy: torch.Tensor, titles: list[str]) -> Image.Image:
+    """One row per image: the image, tokens committed per iteration at each grid cell (bright =
+    committed in a long accepted run, i.e. where decoding sped up), and the target entropy."""
+    runs = run_lengths(commit_step)
+    n = len(images)
+    fig, axes = plt.subplots(n, 3, figsize=(7.5, 2.6 * n), squeeze=False)
+    vmax = max(int(runs.max()), 2)
+    for i in range(n):
+        ax_img, ax_run, ax_ent = axes[i]
+        ax_img.imshow(np.asarray(images[i].convert("RGB")), interpolation="nearest")
+        ax_img.set_title(titles[i], fontsize=8)
+        im = ax_run.imshow(runs[i].numpy(), cmap="viridis", vmin=1, vmax=vmax)
+        ax_run.set_title("tokens per forward at each cell", fontsize=8)
+        fig.colorbar(im, ax=ax_run, fraction=0.046)
+        im = ax_ent.imshow(entropy[i].numpy(), cmap="magma")
+        ax_ent.set_title("target entropy (nats)", fontsize=8)
+        fig.colorbar(im, ax=ax_ent, fraction=0.046)
+        for ax in axes[i]:
+            ax.set_xticks([])
+            ax.set_yticks([])
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    buf.seek(0)
+    return Image.open(buf).convert("RGB")

@@ -1,0 +1,109 @@
+"""`speculaas generate | train | bench` on the command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+RULE_FLAGS = {  # flag -> option name of the acceptance rules
+    "lam": float, "delta": float, "filter": str, "group_size": int, "prob_threshold": float,
+    "dist_threshold": float, "k": float, "eps": float,
+}
+
+
+def _parse_prompt(model_name: str, text: str):  # noqa: ANN202
+    if text.lower() == "none":
+        return None
+    if model_name == "tiny":
+        if not text.isdigit():
+            raise ValueError(f"the tiny model takes class ids as prompts, got {text!r}")
+        return int(text)
+    return text
+
+
+def _rule_options(args: argparse.Namespace) -> dict:
+    opts = {k: getattr(args, k) for k in RULE_FLAGS if getattr(args, k) is not None}
+    if "k" in opts and args.method == "lantern":
+        opts["k"] = int(opts["k"])
+    return opts
+
+
+def add_decoding_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="builtin", help="builtin (default), tiny")
+    p.add_argument("--weights", default=None, help="local weights folder or hub name")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--window", type=int, default=16)
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None, help="0 switches top-k off")
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--cfg-scale", type=float, default=None, help="1 switches CFG off")
+    for name, typ in RULE_FLAGS.items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=typ, default=None,
+                       help=f"option {name} of the chosen method")
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    import torch
+
+    import speculaas as sp
+    from speculaas.bench.maps import acceptance_figure
+
+    model = sp.load_model(args.model, args.weights, device=args.device)
+    prompts = [_parse_prompt(args.model, p) for p in args.prompt] * args.num_images
+    out = sp.generate(model, prompts, method=args.method, seed=args.seed, window=args.window,
+                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                      cfg_scale=args.cfg_scale, progress=True, **_rule_options(args))
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    paths = [path] if len(prompts) == 1 else [
+        path.with_name(f"{path.stem}-{i}{path.suffix}") for i in range(len(prompts))]
+    for img, p in zip(out.images, paths, strict=True):
+        img.resize((img.width * args.scale, img.height * args.scale), 0).save(p)
+    titles = [f"{args.method}: {out.forward_passes[i]} forwards" for i in range(len(prompts))]
+    fig = acceptance_figure(out.images, out.commit_step, out.entropy, titles)
+    map_path = path.with_name(path.stem + ".map.png")
+    fig.save(map_path)
+    n = out.tokens.shape[1]
+    for i, p in enumerate(paths):
+        print(f"{p}: {int(out.forward_passes[i])} forward passes for {n} tokens, "
+              f"step compression {float(out.step_compression[i]):.2f}x")
+    print(f"latency {out.latency_s:.2f} s for {len(prompts)} image(s); map: {map_path}")
+    if not torch.isfinite(out.entropy).all():
+        sys.exit("non-finite entropy in the output")
+
+
+def main(argv: list[str] | None = None) -> None:
+    import speculaas as sp
+
+    parser = argparse.ArgumentParser(prog="speculaas", description=sp.__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate images and their acceptance maps")
+    g.add_argument("--prompt", action="append", required=True,
+                   help="caption (builtin), class id (tiny) or 'none'; repeat for several")
+    g.add_argument("--num-images", type=int, default=1, help="images per prompt")
+    g.add_argument("--method", default="csd", choices=sp.METHODS)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--out", default="out.png")
+    g.add_argument("--scale", type=int, default=4, help="upscale the saved PNG this many times")
+    add_decoding_flags(g)
+
+    t = sub.add_parser("train", help="train the built-in model from scratch")
+    t.add_argument("rest", nargs=argparse.REMAINDER, help="options of the training script")
+
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "generate":
+            if args.num_images < 1:
+                raise ValueError(f"--num-images must be >= 1, got {args.num_images}")
+            cmd_generate(args)
+        elif args.command == "train":
+            from speculaas.models.builtin.train import main as train_main
+            train_main(args.rest)
+    except ValueError as e:
+        parser.exit(2, f"speculaas: error: {e}\n")
+
+
+if __name__ == "__main__":
+    main()
