@@ -73,6 +73,21 @@ def cmd_generate(args: argparse.Namespace) -> None:
         sys.exit("non-finite entropy in the output")
 
 
+def cmd_bench(args: argparse.Namespace) -> None:
+    from speculaas.bench.runner import BenchConfig, Variant, expand_sweeps, run
+
+    variants = expand_sweeps([Variant.parse(m) for m in args.methods.split(",") if m.strip()],
+                             args.sweep)
+    cfg = BenchConfig(model=args.model, weights=args.weights, device=args.device,
+                      prompts=args.prompts, limit=args.limit or None, seeds=args.seeds,
+                      variants=variants, window=args.window, out=Path(args.out),
+                      resume=args.resume, maps=args.maps)
+    summary = run(cfg)
+    if summary is not None:
+        print(summary["table"])
+        print(f"results, table.md, summary.json, pareto.png and maps/ in {cfg.out}")
+
+
 def main(argv: list[str] | None = None) -> None:
     import speculaas as sp
 
@@ -89,6 +104,23 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--scale", type=int, default=4, help="upscale the saved PNG this many times")
     add_decoding_flags(g)
 
+    b = sub.add_parser("bench", help="compare methods on a prompt set (speed, quality, maps)")
+    b.add_argument("--prompts", default="builtin-set",
+                   help="builtin-set, classes (tiny), or a .txt/.tsv/.csv/COCO .json file")
+    b.add_argument("--limit", type=int, default=32, help="use the first N prompts (0: all)")
+    b.add_argument("--methods", default="ar,sjd,csd,gsd,lantern,amplify,addition",
+                   help="comma-separated; options as csd:delta=0.35:lam=0.5")
+    b.add_argument("--sweep", action="append", default=[],
+                   help="METHOD.OPTION=V1,V2,... adds one variant per value")
+    b.add_argument("--seeds", type=int, default=2, help="seeds per prompt")
+    b.add_argument("--out", default="bench-out")
+    b.add_argument("--resume", action="store_true", help="keep finished items, run the rest")
+    b.add_argument("--maps", type=int, default=3, help="prompts to draw acceptance maps for")
+    b.add_argument("--model", default="builtin")
+    b.add_argument("--weights", default=None)
+    b.add_argument("--device", default="cpu")
+    b.add_argument("--window", type=int, default=16)
+
     t = sub.add_parser("train", help="train the built-in model from scratch")
     t.add_argument("rest", nargs=argparse.REMAINDER, help="options of the training script")
 
@@ -98,6 +130,8 @@ def main(argv: list[str] | None = None) -> None:
             if args.num_images < 1:
                 raise ValueError(f"--num-images must be >= 1, got {args.num_images}")
             cmd_generate(args)
+        elif args.command == "bench":
+            cmd_bench(args)
         elif args.command == "train":
             from speculaas.models.builtin.train import main as train_main
             train_main(args.rest)

@@ -31,6 +31,5 @@ def autoregressive_decode(model: ImageModel, session: Session, sampling: Samplin
     steps = torch.arange(length, device=dev).expand(batch, -1).clone()
     return DecodeResult(tokens=seq, forward_passes=torch.full((batch,), length, device=dev),
                         commit_step=steps, drafted=torch.zeros_like(seq, dtype=torch.bool),
-                        entropy=ent, accept_hist=torch.zeros(batch, 1, dtype=torch.long,
-                                                             device=dev),
+                        entropy=ent, accept_hist=torch.full((batch, 1), length, device=dev),
                         iterations=length)

@@ -1,0 +1,71 @@
+"""Quality and content-awareness numbers for the benchmark.
+
+For the built-in model: prompt fidelity (the judge's attribute accuracy against the caption) and
+FID/KID through torchmetrics with the judge's features in place of Inception.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+QUINTILES = 5
+
+
+def detail_map(image: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
+    """Gradient energy of each token's pixel patch: uint8 [H, W, 3] -> [rows, cols]."""
+    x = image.astype(np.float32).mean(-1)
+    gy, gx = np.zeros_like(x), np.zeros_like(x)
+    gy[1:] = np.diff(x, axis=0)
+    gx[:, 1:] = np.diff(x, axis=1)
+    energy = gy**2 + gx**2
+    rows, cols = grid
+    ph, pw = x.shape[0] // rows, x.shape[1] // cols
+    return energy[: rows * ph, : cols * pw].reshape(rows, ph, cols, pw).mean((1, 3))
+
+
+def by_detail_quintile(details: list[np.ndarray], values: list[np.ndarray],
+                       edges: np.ndarray) -> list[float]:
+    """Mean of `values` per detail quintile (Q1 smoothest .. Q5 most detailed)."""
+    d, v = np.concatenate([x.ravel() for x in details]), np.concatenate([x.ravel() for x in values])
+    which = np.searchsorted(edges, d, side="right")
+    return [float(v[which == q].mean()) if (which == q).any() else float("nan")
+            for q in range(QUINTILES)]
+
+
+def quintile_edges(details: list[np.ndarray]) -> np.ndarray:
+    d = np.concatenate([x.ravel() for x in details])
+    return np.quantile(d, [0.2, 0.4, 0.6, 0.8])
+
+
+def prompt_fidelity(judge, images: list, captions: list[str]) -> float:  # noqa: ANN001
+    """Share of requested attributes (main shape, main colour, background) the judge sees."""
+    from ..models.builtin.judge import caption_labels, predict
+
+    pred = predict(judge, images)
+    hits = []
+    for i, cap in enumerate(captions):
+        want = caption_labels(cap)
+        hits += [int(pred[k][i]) == v for k, v in want.items()]
+    return float(np.mean(hits))
+
+
+def feature_distances(judge, real: list, fake: list) -> dict[str, float]:  # noqa: ANN001
+    """FID and KID (x1000) between two image sets, with the judge as feature network."""
+    from torchmetrics.image.fid import FrechetInceptionDistance
+    from torchmetrics.image.kid import KernelInceptionDistance
+
+    from ..models.builtin.judge import images_to_tensor
+
+    judge.eval()
+    r, f = images_to_tensor(real), images_to_tensor(fake)
+    fid = FrechetInceptionDistance(feature=judge, normalize=True, input_img_size=(3, 64, 64))
+    subset = min(50, len(r), len(f))
+    kid = KernelInceptionDistance(feature=judge, normalize=True, subset_size=subset,
+                                  subsets=20)
+    with torch.no_grad():
+        for metric in (fid, kid):
+            metric.update(r, real=True)
+            metric.update(f, real=False)
+        kid_mean, _ = kid.compute()
+        return {"fid": float(fid.compute()), "kid_x1000": 1000 * float(kid_mean)}

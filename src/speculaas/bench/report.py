@@ -1,0 +1,180 @@
+"""Benchmark report: markdown table, summary JSON, Pareto plot, acceptance-map strips."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import metrics
+from .maps import acceptance_figure
+
+
+def _decode(model, rows: list[dict]) -> list:  # noqa: ANN001
+    images = []
+    for start in range(0, len(rows), 64):
+        chunk = rows[start : start + 64]
+        tokens = torch.tensor([r["tokens"] for r in chunk], device=model.device)
+        seq = torch.zeros(len(chunk), model.layout.length, dtype=torch.long, device=model.device)
+        seq[:, model.layout.cells >= 0] = tokens
+        forced = model.layout.forced.to(model.device)
+        seq = torch.where(forced >= 0, forced, seq)
+        images += model.decode(seq)
+    return images
+
+
+def _pareto(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of points no other point beats on both x and y (higher is better on both)."""
+    return [i for i, (x, y) in enumerate(points)
+            if not any(x2 >= x and y2 >= y and (x2, y2) != (x, y) for x2, y2 in points)]
+
+
+def write_report(cfg, model, prompts: list, rows: list[dict]) -> dict:  # noqa: ANN001
+    out: Path = cfg.out
+    labels = [v.label for v in cfg.variants]
+    by_variant = {lab: sorted([r for r in rows if r["variant"] == lab],
+                              key=lambda r: (r["prompt_index"], r["seed"])) for lab in labels}
+    n_tokens = model.layout.grid[0] * model.layout.grid[1]
+    grid = model.layout.grid
+    judge = getattr(model, "judge", None)
+    images = {lab: _decode(model, rs) for lab, rs in by_variant.items() if rs}
+    notes = []
+    reference = None
+    if judge is not None:
+        from ..models.builtin.scenes import sample_scenes
+        reference = [s.image for s in sample_scenes(500, seed=95_000_000)]
+    else:
+        notes.append(f"quality metrics skipped: model {cfg.model!r} has no judge network; "
+                     "prompt fidelity and FID/KID need the built-in model (or, for real "
+                     "checkpoints, local CLIP/Inception weights)")
+
+    ar_label = next((lab for lab in labels if lab == "ar"), None)
+    ar_latency = (statistics.median(r["latency_s"] for r in by_variant[ar_label])
+                  if ar_label and by_variant[ar_label] else None)
+    # Detail quintiles from the AR images (the reference picture of the content), same edges
+    # for every method.
+    detail = {lab: [metrics.detail_map(np.asarray(im), grid) for im in ims]
+              for lab, ims in images.items()}
+    edge_source = detail.get(ar_label) or next(iter(detail.values()), [])
+    edges = metrics.quintile_edges(edge_source) if edge_source else None
+
+    summary = {"config": {"model": cfg.model, "prompts": cfg.prompts, "n_prompts": len(prompts),
+                          "seeds": cfg.seeds, "window": cfg.window,
+                          "variants": labels}, "variants": {}, "notes": notes}
+    for lab in labels:
+        rs = by_variant[lab]
+        if not rs:
+            continue
+        fps = [r["forward_passes"] for r in rs]
+        lat = [r["latency_s"] for r in rs]
+        hist = np.sum([r["accept_hist"] for r in rs], axis=0)
+        iters = hist.sum()
+        s = {
+            "items": len(rs),
+            "forward_passes_mean": float(np.mean(fps)),
+            "step_compression": float(np.mean([n_tokens / f for f in fps])),
+            "accepted_drafts_per_forward": float((hist * np.arange(len(hist))).sum() / iters),
+            "accept_hist": hist.tolist(),
+            "latency_median_s": statistics.median(lat),
+            "speedup_vs_ar": (ar_latency / statistics.median(lat)) if ar_latency else None,
+            "rule_overhead_pct": 100 * sum(r["rule_seconds"] for r in rs) / sum(lat),
+            "peak_memory_mb": max(r["peak_memory_mb"] for r in rs),
+        }
+        if edges is not None:
+            drafted = [np.array(r["drafted"], float).reshape(grid) for r in rs]
+            steps = [np.array(r["commit_step"]).reshape(grid) for r in rs]
+            runs = [np.bincount(st.ravel())[st] for st in steps]
+            s["drafted_share_by_detail_quintile"] = metrics.by_detail_quintile(
+                detail[lab], drafted, edges)
+            s["run_length_by_detail_quintile"] = metrics.by_detail_quintile(
+                detail[lab], runs, edges)
+        if judge is not None:
+            caps = [r["prompt"] for r in rs]
+            s["prompt_fidelity"] = metrics.prompt_fidelity(judge, images[lab], caps)
+            s |= {f"{k}_vs_rendered": v for k, v in
+                  metrics.feature_distances(judge, reference, images[lab]).items()}
+            if ar_label and lab != ar_label and len(images.get(ar_label, [])) == len(rs):
+                s |= {f"{k}_vs_ar": v for k, v in
+                      metrics.feature_distances(judge, images[ar_label], images[lab]).items()}
+        summary["variants"][lab] = s
+
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    table = render_table(summary)
+    (out / "table.md").write_text(table + "\n")
+    _plot_pareto(summary, out / "pareto.png")
+    _write_maps(cfg, grid, by_variant, images, out / "maps")
+    summary["table"] = table
+    return summary
+
+
+def _fmt(x, spec: str = ".2f") -> str:  # noqa: ANN001
+    if x is None or (isinstance(x, float) and np.isnan(x)):
+        return "-"
+    return format(x, spec)
+
+
+def render_table(summary: dict) -> str:
+    head = ("| variant | images | fwd passes | step compr. | drafts/fwd | latency med (s) | "
+            "speed-up | rule % | peak MB | fidelity | FID rend. | FID vs AR | KIDx1e3 vs AR "
+            "| drafted Q1..Q5 (smooth..detailed) |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for lab, s in summary["variants"].items():
+        q = s.get("drafted_share_by_detail_quintile")
+        lines.append(
+            f"| {lab} | {s['items']} | {s['forward_passes_mean']:.1f} | "
+            f"{s['step_compression']:.2f}x | {s['accepted_drafts_per_forward']:.2f} | "
+            f"{s['latency_median_s']:.3f} | {_fmt(s['speedup_vs_ar'])}x | "
+            f"{s['rule_overhead_pct']:.1f} | {s['peak_memory_mb']:.0f} | "
+            f"{_fmt(s.get('prompt_fidelity'), '.3f')} | {_fmt(s.get('fid_vs_rendered'), '.1f')} | "
+            f"{_fmt(s.get('fid_vs_ar'), '.1f')} | {_fmt(s.get('kid_x1000_vs_ar'), '.1f')} | "
+            f"{' / '.join(f'{x:.2f}' for x in q) if q else '-'} |")
+    for note in summary.get("notes", []):
+        lines.append(f"\n{note}")
+    return "\n".join(lines)
+
+
+def _plot_pareto(summary: dict, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    labs = list(summary["variants"])
+    xs = [summary["variants"][lab]["step_compression"] for lab in labs]
+    quality = "prompt_fidelity" if all("prompt_fidelity" in summary["variants"][lab]
+                                       for lab in labs) else None
+    ys = [summary["variants"][lab][quality] if quality else 0.0 for lab in labs]
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    ax.scatter(xs, ys)
+    for x, y, lab in zip(xs, ys, labs, strict=True):
+        ax.annotate(lab, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    front = sorted(_pareto(list(zip(xs, ys, strict=True))), key=lambda i: xs[i])
+    ax.plot([xs[i] for i in front], [ys[i] for i in front], "r--", lw=1, label="Pareto front")
+    ax.set_xlabel("step compression (tokens per target forward)")
+    ax.set_ylabel("prompt fidelity (judge accuracy)" if quality else "(no quality metric)")
+    ax.set_title("speed vs quality")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _write_maps(cfg, grid: tuple[int, int], by_variant: dict, images: dict,  # noqa: ANN001
+                folder: Path) -> None:
+    folder.mkdir(exist_ok=True)
+    labels = [lab for lab in by_variant if by_variant[lab]]
+    for p in range(cfg.maps):
+        ims, steps, ents, titles = [], [], [], []
+        for lab in labels:
+            idx = next((k for k, r in enumerate(by_variant[lab])
+                        if r["prompt_index"] == p and r["seed"] == 0), None)
+            if idx is None:
+                continue
+            r = by_variant[lab][idx]
+            ims.append(images[lab][idx])
+            steps.append(torch.tensor(r["commit_step"]).view(grid))
+            ents.append(torch.tensor(r["entropy"]).view(grid))
+            titles.append(f"{lab}: {r['forward_passes']} fwd")
+        if ims:
+            acceptance_figure(ims, torch.stack(steps), torch.stack(ents), titles).save(
+                folder / f"prompt{p}.png")

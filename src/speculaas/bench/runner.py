@@ -1,0 +1,178 @@
+"""`speculaas bench`: every method on the same prompts and seeds, side by side, in one run.
+
+Results are appended to DIR/results.rank<R>.jsonl as each (variant, prompt, seed) finishes, so a
+killed run resumes where it stopped (`--resume`). Under `torchrun --nproc-per-node N` the work is
+sharded across ranks with accelerate (`PartialState(cpu=...)`, `split_between_processes`);
+rank 0 gathers every rank's lines and writes the report. Per-item seeds make the tokens
+independent of the sharding.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..api import METHODS, generate
+
+RESULTS_GLOB = "results.rank*.jsonl"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A method with fixed options, e.g. csd with delta=0.35; `label` names it in tables."""
+
+    method: str
+    options: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        if not self.options:
+            return self.method
+        return f"{self.method}(" + ",".join(f"{k}={v}" for k, v in self.options.items()) + ")"
+
+    @classmethod
+    def parse(cls, spec: str) -> Variant:
+        """"csd" or "csd:delta=0.35:lam=0.5"."""
+        name, *pairs = spec.strip().split(":")
+        if name not in METHODS:
+            raise ValueError(f"unknown method {name!r} in {spec!r}; valid: {METHODS}")
+        opts = {}
+        for pair in pairs:
+            key, sep, value = pair.partition("=")
+            if not sep:
+                raise ValueError(f"bad option {pair!r} in {spec!r}; use key=value")
+            opts[key] = _number(value)
+        return cls(name, opts)
+
+
+def _number(text: str):  # noqa: ANN202
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def expand_sweeps(variants: list[Variant], sweeps: list[str]) -> list[Variant]:
+    """--sweep csd.delta=0.35,0.5 adds csd:delta=0.35 and csd:delta=0.5."""
+    out = list(variants)
+    for sweep in sweeps:
+        target, sep, values = sweep.partition("=")
+        method, dot, key = target.partition(".")
+        if not (sep and dot) or method not in METHODS:
+            raise ValueError(f"bad sweep {sweep!r}; use METHOD.OPTION=V1,V2,...")
+        out += [Variant(method, {key: _number(v)}) for v in values.split(",")]
+    seen, unique = set(), []
+    for v in out:
+        if v.label not in seen:
+            seen.add(v.label)
+            unique.append(v)
+    return unique
+
+
+@dataclass
+class BenchConfig:
+    model: str = "builtin"
+    weights: str | None = None
+    device: str = "cpu"
+    prompts: str = "builtin-set"
+    limit: int | None = 32
+    seeds: int = 2
+    variants: list[Variant] = field(default_factory=lambda: [Variant("ar"), Variant("csd")])
+    window: int = 16
+    out: Path = Path("bench-out")
+    resume: bool = False
+    maps: int = 3
+    warmup: bool = True
+
+
+def _key(variant: str, prompt_index: int, seed: int) -> str:
+    return f"{variant}|{prompt_index}|{seed}"
+
+
+def read_results(out: Path) -> list[dict]:
+    rows = []
+    for path in sorted(out.glob(RESULTS_GLOB)):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass  # a line cut short by a kill; its item runs again on resume
+    return rows
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run(cfg: BenchConfig) -> dict | None:
+    """Run (or resume) the benchmark; returns the summary on rank 0, None elsewhere."""
+    from accelerate import PartialState
+    from tqdm import tqdm
+
+    from .. import load_model
+    from .prompts import load_prompts
+    from .report import write_report
+
+    state = PartialState(cpu=not torch.cuda.is_available())
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    model = load_model(cfg.model, cfg.weights, device=cfg.device if state.num_processes == 1
+                       or cfg.device == "cpu" else state.device)
+    prompts = load_prompts(cfg.prompts, cfg.limit, cfg.model)
+    # Interleave: every variant runs on a (prompt, seed) before the next pair starts, so machine
+    # drift affects all methods alike.
+    pairs = [(i, s) for i in range(len(prompts)) for s in range(cfg.seeds)]
+    results_path = cfg.out / f"results.rank{state.process_index}.jsonl"
+    done = {_key(r["variant"], r["prompt_index"], r["seed"]) for r in read_results(cfg.out)} \
+        if cfg.resume else set()
+    if not cfg.resume and state.is_main_process:
+        for old in cfg.out.glob(RESULTS_GLOB):
+            old.unlink()
+    state.wait_for_everyone()
+
+    with state.split_between_processes(pairs) as mine:
+        todo = [(v, i, s) for i, s in mine for v in cfg.variants
+                if _key(v.label, i, s) not in done]
+        if cfg.warmup and todo:
+            for v in cfg.variants:  # one unrecorded image per variant: caches, allocator, JIT
+                generate(model, [prompts[0]], method=v.method, seed=0, window=cfg.window,
+                         decode_images=False, **v.options)
+        bar = tqdm(todo, desc=f"bench rank {state.process_index}", dynamic_ncols=True,
+                   disable=not state.is_local_main_process)
+        with results_path.open("a") as f:
+            for v, i, s in bar:
+                seed = 1000 * i + s  # per (prompt, seed) item: independent of sharding
+                out = generate(model, [prompts[i]], method=v.method, seed=seed,
+                               window=cfg.window, decode_images=False, profile=True, **v.options)
+                row = {
+                    "variant": v.label, "method": v.method, "options": v.options,
+                    "prompt_index": i, "prompt": prompts[i], "seed": s,
+                    "forward_passes": int(out.forward_passes[0]),
+                    "tokens": out.tokens[0].tolist(),
+                    "commit_step": out.commit_step[0].flatten().tolist(),
+                    "drafted": out.drafted[0].flatten().int().tolist(),
+                    "entropy": [round(x, 4) for x in out.entropy[0].flatten().tolist()],
+                    "accept_hist": out.accept_hist[0].tolist(),
+                    "latency_s": out.latency_s, "rule_seconds": out.rule_seconds,
+                    "peak_memory_mb": _peak_memory_mb(model.device),
+                    "rank": state.process_index, "time": time.time(),
+                }
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+    state.wait_for_everyone()
+    from accelerate.utils import gather_object
+
+    mine = [json.loads(line) for line in results_path.read_text().splitlines() if line.strip()]
+    rows = gather_object(mine) if state.num_processes > 1 else mine
+    if not state.is_main_process:
+        return None
+    return write_report(cfg, model, prompts, rows)

@@ -1,0 +1,111 @@
+"""`speculaas bench`: prompt files, resume after a kill, and sharding under torchrun."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from speculaas.bench.prompts import load_prompts
+from speculaas.bench.runner import Variant, expand_sweeps
+
+BENCH = [sys.executable, "-m", "speculaas.cli", "bench", "--model", "tiny", "--prompts",
+         "classes", "--limit", "5", "--seeds", "2", "--methods", "ar,sjd,csd:delta=0.8,gsd",
+         "--maps", "1"]
+DETERMINISTIC = ("items", "forward_passes_mean", "step_compression", "accept_hist",
+                 "drafted_share_by_detail_quintile")
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _summary(folder):
+    s = json.loads((folder / "summary.json").read_text())
+    return {lab: {k: v[k] for k in DETERMINISTIC} for lab, v in s["variants"].items()}
+
+
+def _tokens(folder):
+    rows = []
+    for p in folder.glob("results.rank*.jsonl"):
+        rows += [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    return sorted((r["variant"], r["prompt_index"], r["seed"], tuple(r["tokens"])) for r in rows)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench-full")
+    subprocess.run(BENCH + ["--out", str(out)], check=True, env=ENV, capture_output=True)
+    return out
+
+
+def test_outputs_written(uninterrupted):
+    for name in ("table.md", "summary.json", "pareto.png", "maps/prompt0.png"):
+        assert (uninterrupted / name).is_file(), name
+    table = (uninterrupted / "table.md").read_text()
+    assert "| csd(delta=0.8) | 10 |" in table and "quality metrics skipped" in table
+
+
+def test_kill_and_resume_gives_the_same_table(uninterrupted, tmp_path):
+    out = tmp_path / "bench"
+    proc = subprocess.Popen(BENCH + ["--out", str(out)], env=ENV, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    results = out / "results.rank0.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if results.exists() and len(results.read_text().splitlines()) >= 15:
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = len(results.read_text().splitlines())
+    assert 15 <= done < 40, done  # really stopped halfway
+    subprocess.run(BENCH + ["--out", str(out), "--resume"], check=True, env=ENV,
+                   capture_output=True)
+    assert _summary(out) == _summary(uninterrupted)
+    assert _tokens(out) == _tokens(uninterrupted)
+
+
+def test_torchrun_two_processes_match_one(uninterrupted, tmp_path):
+    out = tmp_path / "bench2"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--master-port", "29517", "-m", "speculaas.cli"] + BENCH[3:] + ["--out", str(out)]
+    res = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert {p.name for p in out.glob("results.rank*.jsonl")} == {"results.rank0.jsonl",
+                                                                 "results.rank1.jsonl"}
+    ranks = {json.loads(line)["rank"] for p in out.glob("results.rank*.jsonl")
+             for line in p.read_text().splitlines()}
+    assert ranks == {0, 1}
+    assert _tokens(out) == _tokens(uninterrupted)
+    assert _summary(out) == _summary(uninterrupted)
+
+
+def test_prompt_files(tmp_path):
+    (tmp_path / "p.txt").write_text("a red circle\n\nblue sky\n")
+    assert load_prompts(str(tmp_path / "p.txt")) == ["a red circle", "blue sky"]
+    (tmp_path / "p.tsv").write_text("id\tcaption\n1\tfirst one\n2\tsecond\n")
+    assert load_prompts(str(tmp_path / "p.tsv"), limit=1) == ["first one"]
+    (tmp_path / "p.csv").write_text('prompt,x\n"a, b",1\n')
+    assert load_prompts(str(tmp_path / "p.csv")) == ["a, b"]
+    coco = {"annotations": [{"image_id": 9, "id": 5, "caption": "later image"},
+                            {"image_id": 3, "id": 8, "caption": "second caption"},
+                            {"image_id": 3, "id": 2, "caption": "first caption "}]}
+    (tmp_path / "c.json").write_text(json.dumps(coco))
+    assert load_prompts(str(tmp_path / "c.json")) == ["first caption", "later image"]
+    with pytest.raises(ValueError, match="not found"):
+        load_prompts(str(tmp_path / "missing.txt"))
+    with pytest.raises(ValueError, match="no caption/prompt/text column"):
+        (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
+        load_prompts(str(tmp_path / "bad.csv"))
+
+
+def test_variants_and_sweeps():
+    v = expand_sweeps([Variant.parse("ar"), Variant.parse("csd:delta=0.35:lam=0.5")],
+                      ["csd.delta=0.35,0.8"])
+    assert [x.label for x in v] == ["ar", "csd(delta=0.35,lam=0.5)", "csd(delta=0.35)",
+                                    "csd(delta=0.8)"]
+    with pytest.raises(ValueError, match="unknown method"):
+        Variant.parse("fast")
+    with pytest.raises(ValueError, match="bad sweep"):
+        expand_sweeps([], ["csd=0.3"])
