@@ -121,6 +121,12 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--device", default="cpu")
     b.add_argument("--window", type=int, default=16)
 
+    d = sub.add_parser("demo", help="serve the local web demo")
+    d.add_argument("--model", default="builtin")
+    d.add_argument("--weights", default=None)
+    d.add_argument("--host", default="127.0.0.1")
+    d.add_argument("--port", type=int, default=7860)
+
     t = sub.add_parser("train", help="train the built-in model from scratch")
     t.add_argument("rest", nargs=argparse.REMAINDER, help="options of the training script")
 
@@ -132,6 +138,9 @@ def main(argv: list[str] | None = None) -> None:
             cmd_generate(args)
         elif args.command == "bench":
             cmd_bench(args)
+        elif args.command == "demo":
+            from speculaas.demo.app import serve
+            serve(args.model, args.host, args.port, args.weights)
         elif args.command == "train":
             from speculaas.models.builtin.train import main as train_main
             train_main(args.rest)

@@ -22,7 +22,15 @@ def _toy(**kw):  # noqa: ANN202
     return ToyModel(**kw)
 
 
-MODELS = {"builtin": _builtin, "tiny": _tiny, "toy": _toy}
+def _janus(path=None, **kw):  # noqa: ANN001, ANN202
+    if path is None:
+        raise ValueError("janus needs a checkpoint: a local folder or a hub name such as "
+                         "deepseek-community/Janus-Pro-1B")
+    from .janus import JanusModel
+    return JanusModel(path, **kw)
+
+
+MODELS = {"builtin": _builtin, "tiny": _tiny, "toy": _toy, "janus": _janus}
 
 
 def load_model(name: str, path: str | None = None, **kwargs) -> ImageModel:

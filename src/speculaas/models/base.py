@@ -92,6 +92,9 @@ class ImageModel(ABC):
     def decode(self, tokens: torch.Tensor) -> list[Image.Image]:
         """[B, T] generated tokens -> one PIL image per row."""
 
+    def check_prompts(self, prompts: list) -> None:  # noqa: B027 - optional hook
+        """Raise ValueError if a prompt is not one this model can take (default: accept)."""
+
     def token_embeddings(self) -> torch.Tensor | None:
         """[vocab, dim] input embeddings of the tokens (GSD's static clusters), if any."""
         return None

@@ -66,6 +66,9 @@ class BuiltinModel(ImageModel):
                 raise ValueError(f"the built-in model takes caption strings or None, got {p!r}")
         return torch.tensor([tokenize_caption(p, null=null) for p in prompts], device=self.device)
 
+    def check_prompts(self, prompts: list) -> None:
+        self._prefix(prompts, null=False)
+
     def start(self, prompts: list, *, cfg: bool) -> Session:
         null = self._prefix(prompts, null=True) if cfg else None
         return PrefixDecoderSession(self.decoder, self._prefix(prompts, null=False), null,

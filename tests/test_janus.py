@@ -1,0 +1,97 @@
+"""Janus adapter on a tiny random `JanusForConditionalGeneration` saved and loaded from disk."""
+
+import pytest
+import torch
+
+import speculaas as sp
+
+BOI, PAD, BOS = 5, 0, 1
+
+
+@pytest.fixture(scope="module")
+def janus_dir(tmp_path_factory):
+    from transformers import GenerationConfig, JanusConfig, JanusForConditionalGeneration, LlamaConfig
+    from transformers.models.janus.configuration_janus import JanusVisionConfig, JanusVQVAEConfig
+
+    torch.manual_seed(0)
+    cfg = JanusConfig(
+        text_config=LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128,
+                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                max_position_embeddings=512, pad_token_id=PAD, bos_token_id=BOS,
+                                eos_token_id=2),
+        vision_config=JanusVisionConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                        image_size=24, patch_size=4, projection_dim=64, depth=1,
+                                        num_image_tokens=36),
+        vq_config=JanusVQVAEConfig(embed_dim=8, num_embeddings=64, latent_channels=32,
+                                   base_channels=32, channel_multiplier=[1, 2], num_res_blocks=1,
+                                   projection_dim=64, image_token_embed_dim=64,
+                                   num_hidden_layers=2),
+        image_token_id=3)
+    model = JanusForConditionalGeneration(cfg).eval()
+    with torch.no_grad():  # peaked logits, so greedy decoding is far from ties
+        model.model.generation_head.vision_head.weight.mul_(20)
+    model.generation_config = GenerationConfig(pad_token_id=PAD, bos_token_id=BOS, eos_token_id=2,
+                                               generation_kwargs={"boi_token_id": BOI})
+    out = tmp_path_factory.mktemp("janus")
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def janus(janus_dir):
+    return sp.load_model("janus", str(janus_dir))
+
+
+PROMPTS = [[BOS, 40, 41, 42, BOI], [BOS, 77, 78, BOI]]
+
+
+@pytest.mark.parametrize("window", [1, 4, 16])
+@pytest.mark.parametrize("method", ["sjd", "csd"])
+def test_greedy_speculative_equals_greedy_ar_with_cfg(janus, window, method):
+    ar = sp.generate(janus, PROMPTS, method="ar", top_k=1, decode_images=False)
+    out = sp.generate(janus, PROMPTS, method=method, top_k=1, window=window, seed=3,
+                      decode_images=False)
+    assert torch.equal(out.tokens, ar.tokens)
+
+
+def test_ar_matches_transformers_image_generation(janus):
+    from transformers import GenerationConfig
+
+    ours = sp.generate(janus, [PROMPTS[0]], method="ar", top_k=1, decode_images=False)
+    prompt = torch.tensor([PROMPTS[0]])
+    gc = GenerationConfig(max_new_tokens=36, do_sample=False, pad_token_id=PAD, bos_token_id=BOS,
+                          eos_token_id=2, guidance_scale=5.0,
+                          generation_kwargs={"boi_token_id": BOI})
+    theirs = janus.hf.generate(prompt, attention_mask=torch.ones_like(prompt),
+                               generation_config=gc, generation_mode="image")
+    assert torch.equal(ours.tokens, theirs.cpu())
+
+
+def test_decode_and_cache_rollback(janus):
+    out = sp.generate(janus, PROMPTS, method="csd", seed=0)
+    assert out.tokens.shape == (2, 36) and out.images[0].size[0] == out.images[0].size[1]
+    # after a speculative decode with rollbacks, the cache gives the logits of a fresh pass
+    session = janus.start([PROMPTS[0]], cfg=True)
+    toks = out.tokens[:1]
+    prev = torch.cat([torch.zeros(1, 1, dtype=torch.long), toks[:, :20]], 1)
+    session.forward(torch.randint(64, (1, 8)), torch.tensor([0]), torch.tensor([0]))  # junk
+    c1, u1 = session.forward(prev[:, :12], torch.tensor([0]), torch.tensor([0]))
+    session.forward(torch.randint(64, (1, 9)), torch.tensor([11]), torch.tensor([0]))  # junk
+    c2, u2 = session.forward(prev[:, 11:21], torch.tensor([11]), torch.tensor([0]))
+    fresh = janus.start([PROMPTS[0]], cfg=True)
+    cf, uf = fresh.forward(prev[:, :21], torch.tensor([0]), torch.tensor([0]))
+    assert torch.allclose(torch.cat([c1[:, :11], c2], 1), cf, atol=1e-4)
+    assert torch.allclose(torch.cat([u1[:, :11], u2], 1), uf, atol=1e-4)
+
+
+def test_wrong_family_and_missing_files(tmp_path, janus_dir):
+    with pytest.raises(ValueError, match="config.json not found"):
+        sp.load_model("janus", str(tmp_path))
+    from transformers import LlamaConfig
+
+    LlamaConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                intermediate_size=8).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="holds a 'llama' model, expected 'janus'"):
+        sp.load_model("janus", str(tmp_path))
+    with pytest.raises(ValueError, match="janus needs a checkpoint"):
+        sp.load_model("janus")
