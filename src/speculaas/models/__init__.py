@@ -30,7 +30,15 @@ def _janus(path=None, **kw):  # noqa: ANN001, ANN202
     return JanusModel(path, **kw)
 
 
-MODELS = {"builtin": _builtin, "tiny": _tiny, "toy": _toy, "janus": _janus}
+def _emu3(path=None, **kw):  # noqa: ANN001, ANN202
+    if path is None:
+        raise ValueError("emu3 needs a checkpoint: a local folder or a hub name such as "
+                         "Emu3-community/Emu3-Gen-hf")
+    from .emu3 import Emu3Model
+    return Emu3Model(path, **kw)
+
+
+MODELS = {"builtin": _builtin, "tiny": _tiny, "toy": _toy, "janus": _janus, "emu3": _emu3}
 
 
 def load_model(name: str, path: str | None = None, **kwargs) -> ImageModel:

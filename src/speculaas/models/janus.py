@@ -14,7 +14,6 @@ rolled back with `crop`, so every image advances by its own accepted length.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -22,32 +21,9 @@ from PIL import Image
 
 from ..config import SamplingConfig
 from .base import ImageModel, Layout, Session
+from .hf import PerImageCacheSession, load_checkpoint, load_processor
 
 DEFAULTS = SamplingConfig(temperature=1.0, top_k=None, top_p=None, cfg_scale=5.0)
-
-
-def rollback(cache, length: int) -> None:  # noqa: ANN001
-    """Crop a transformers cache to `length` tokens (5.x `crop` takes minus the tokens to drop)."""
-    drop = length - int(cache.get_seq_length())
-    if drop < 0:
-        cache.crop(drop)
-
-
-def _check_family(path: str, model_type: str) -> None:
-    local = Path(path)
-    if local.exists():
-        cfg = local / "config.json"
-        if not cfg.is_file():
-            raise ValueError(f"{cfg} not found: expected a {model_type} checkpoint folder "
-                             "(config.json + model.safetensors)")
-    from transformers import AutoConfig
-
-    try:
-        found = AutoConfig.from_pretrained(path).model_type
-    except OSError as e:
-        raise ValueError(f"cannot load a {model_type} config from {path!r}: {e}") from None
-    if found != model_type:
-        raise ValueError(f"{path!r} holds a {found!r} model, expected {model_type!r}")
 
 
 class JanusModel(ImageModel):
@@ -57,13 +33,7 @@ class JanusModel(ImageModel):
                  dtype: torch.dtype | str | None = None) -> None:
         from transformers import JanusForConditionalGeneration
 
-        _check_family(str(path), "janus")
-        if isinstance(dtype, str):
-            dtype = getattr(torch, dtype)
-        try:
-            self.hf = JanusForConditionalGeneration.from_pretrained(path, dtype=dtype)
-        except (OSError, RuntimeError, ValueError) as e:
-            raise ValueError(f"cannot load Janus weights from {path!r}: {e}") from None
+        self.hf = load_checkpoint(JanusForConditionalGeneration, str(path), "janus", dtype)
         self.device = torch.device(device)
         self.hf.to(self.device).eval()
         cfg = self.hf.config
@@ -79,15 +49,11 @@ class JanusModel(ImageModel):
         self.pad_id = gen.pad_token_id if gen.pad_token_id is not None else 0
         kwargs = getattr(gen, "generation_kwargs", None) or {}
         self.boi_id = kwargs.get("boi_token_id")
-        self.processor = None
-        try:
-            from transformers import AutoProcessor
-
-            self.processor = AutoProcessor.from_pretrained(path)
-            boi = self.processor.tokenizer.convert_tokens_to_ids(self.processor.image_start_token)
-            self.boi_id = boi if self.boi_id is None else self.boi_id
-        except (OSError, ValueError, AttributeError, TypeError):
-            pass  # no tokenizer shipped: prompts must be token ids
+        self.text_config = cfg.text_config
+        self.processor = load_processor(str(path))  # None: prompts must be token ids
+        if self.processor is not None and self.boi_id is None:
+            tok = self.processor.tokenizer
+            self.boi_id = tok.convert_tokens_to_ids(self.processor.image_start_token)
         if self.boi_id is None:
             raise ValueError(f"{path}: no image-start token id in generation_config."
                              "generation_kwargs['boi_token_id'] and no processor to read it from")
@@ -118,10 +84,23 @@ class JanusModel(ImageModel):
         return torch.where(keep, ids, torch.full_like(ids, self.pad_id))
 
     def start(self, prompts: list, *, cfg: bool) -> Session:
-        return _JanusSession(self, [self._ids(p) for p in prompts], cfg)
+        return PerImageCacheSession(self, [self._ids(p) for p in prompts], cfg)
 
-    def image_embeddings(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.hf.prepare_embeddings_for_image_generation(tokens)
+    def prefill(self, rows: torch.Tensor, cache) -> None:  # noqa: ANN001
+        self.hf.model.language_model(inputs_embeds=self.hf.get_input_embeddings()(rows),
+                                     past_key_values=cache, use_cache=True)
+
+    def window_logits(self, inputs: torch.Tensor, prompt_end: torch.Tensor | None,
+                      cache) -> torch.Tensor:  # noqa: ANN001
+        """Image tokens enter through the generation embedding + aligner; the prompt's last
+        (image-start) token through the text embedding."""
+        emb = self.hf.prepare_embeddings_for_image_generation(inputs)
+        if prompt_end is not None:
+            text = self.hf.get_input_embeddings()(prompt_end[:, None]).to(emb.dtype)
+            emb = torch.cat([text, emb[:, 1:]], 1)
+        h = self.hf.model.language_model(inputs_embeds=emb, past_key_values=cache,
+                                         use_cache=True).last_hidden_state
+        return self.hf.model.generation_head(h)
 
     def decode(self, tokens: torch.Tensor) -> list[Image.Image]:
         with torch.inference_mode():
@@ -134,41 +113,3 @@ class JanusModel(ImageModel):
 
     def codebook(self) -> torch.Tensor:
         return F.normalize(self.hf.model.vqmodel.quantize.embedding.weight.detach().float(), dim=1)
-
-
-class _JanusSession(Session):
-    def __init__(self, model: JanusModel, prompts: list[torch.Tensor], cfg: bool) -> None:
-        from transformers import DynamicCache
-
-        self.model = model
-        self.batch_size = len(prompts)
-        self.caches, self.prompt_len, self.last = [], [], []
-        lm = model.hf.model.language_model
-        embed = model.hf.get_input_embeddings()
-        with torch.inference_mode():
-            for ids in prompts:
-                rows = torch.stack([ids, model.unconditional(ids)]) if cfg else ids[None]
-                cache = DynamicCache(config=model.hf.config.text_config)
-                if rows.shape[1] > 1:
-                    lm(inputs_embeds=embed(rows[:, :-1]), past_key_values=cache, use_cache=True)
-                self.caches.append(cache)
-                self.prompt_len.append(rows.shape[1])
-                self.last.append(embed(rows[:, -1:]))  # the image-start token, fed first
-
-    @torch.inference_mode()
-    def forward(self, inputs, offset, images):  # noqa: ANN001, ANN201
-        hf, lm = self.model.hf, self.model.hf.model.language_model
-        cond, uncond = [], []
-        for row, (i, n) in enumerate(zip(images.tolist(), offset.tolist(), strict=True)):
-            cache = self.caches[i]
-            rollback(cache, self.prompt_len[i] - 1 + n)
-            rows = self.last[i].shape[0]
-            emb = self.model.image_embeddings(inputs[row].expand(rows, -1))
-            if n == 0:
-                emb = torch.cat([self.last[i].to(emb.dtype), emb[:, 1:]], 1)
-            h = lm(inputs_embeds=emb, past_key_values=cache, use_cache=True).last_hidden_state
-            logits = hf.model.generation_head(h).float()
-            cond.append(logits[0])
-            if rows == 2:
-                uncond.append(logits[1])
-        return torch.stack(cond), (torch.stack(uncond) if uncond else None)

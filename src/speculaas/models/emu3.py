@@ -1,0 +1,107 @@
+"""Emu3 through transformers' `Emu3ForConditionalGeneration`.
+
+The adapter forces Emu3's layout: every row of `width` visual tokens is followed by the
+end-of-line token `<|extra_200|>`, which is committed without being speculated. The rules see
+a distribution over the visual codes plus one extra index for end-of-line. CFG is batched by the
+adapter (conditional and unconditional rows in one cache; transformers' own Emu3 CFG runs a
+second model call one token at a time and cannot verify a window). The unconditional row is the
+prompt with its text replaced by padding, so both rows have the same length. Pixels come from
+`Emu3VQVAE.decode`.
+
+Prompts are lists of token ids in Emu3's generation format (bos, text, image start,
+"{H}*{W}", image token) or, when the checkpoint ships a processor, strings.
+"""
+
+from __future__ import annotations
+
+import torch
+from PIL import Image
+
+from ..config import SamplingConfig
+from .base import ImageModel, Layout, Session
+from .hf import PerImageCacheSession, load_checkpoint, load_processor
+
+DEFAULTS = SamplingConfig(temperature=1.0, top_k=2048, top_p=None, cfg_scale=3.0)
+
+
+class Emu3Model(ImageModel):
+    name = "emu3"
+
+    def __init__(self, path: str, device: str | torch.device = "cpu",
+                 dtype: torch.dtype | str | None = None, grid: tuple[int, int] = (90, 90)) -> None:
+        from transformers import Emu3ForConditionalGeneration
+
+        self.hf = load_checkpoint(Emu3ForConditionalGeneration, str(path), "emu3", dtype)
+        self.device = torch.device(device)
+        self.hf.to(self.device).eval()
+        vm = self.hf.model.vocabulary_mapping
+        code2bpe = vm.img2bpe_mapping_tensor.long()
+        self.codes = len(code2bpe)
+        self.eol_id = vm.eol_token_id
+        # Distribution index -> BPE id: the visual codes, then end-of-line at index `codes`.
+        self.index_to_bpe = torch.cat([code2bpe, torch.tensor([self.eol_id])]).to(self.device)
+        self.vocab_size = self.codes + 1
+        rows, cols = grid
+        self.layout = Layout.with_row_end(rows, cols, self.codes)
+        self.defaults = DEFAULTS
+        vocab = vm.vocab_map
+        self.bos_id = self.hf.config.text_config.bos_token_id
+        self.pad_id = self.hf.config.text_config.pad_token_id
+        self.boi_id = vocab.get("<|image start|>")
+        if self.boi_id is None:
+            raise ValueError(f"{path}: vocabulary has no '<|image start|>' token")
+        self.text_config = self.hf.config.text_config
+        self.processor = load_processor(str(path))  # None: prompts must be token ids
+
+    def _ids(self, prompt) -> torch.Tensor:  # noqa: ANN001
+        if isinstance(prompt, str):
+            if self.processor is None:
+                raise ValueError("this Emu3 checkpoint ships no processor; pass prompts as "
+                                 "lists of token ids")
+            rows, cols = self.grid
+            ids = self.processor(text=[prompt], return_for_image_generation=True,
+                                 image_area=rows * cols * 64, return_tensors="pt").input_ids[0]
+        elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) for t in prompt):
+            ids = torch.tensor(list(prompt))
+        else:
+            raise ValueError(f"Emu3 prompts are strings or lists of token ids, got {prompt!r}")
+        if not (ids == self.boi_id).any():
+            raise ValueError("an Emu3 prompt must contain the image-start token "
+                             f"(id {self.boi_id}) followed by the size and image tokens")
+        return ids.to(self.device)
+
+    def check_prompts(self, prompts: list) -> None:
+        for p in prompts:
+            self._ids(p)
+
+    def unconditional(self, ids: torch.Tensor) -> torch.Tensor:
+        """Text between the first token and the image-start token replaced by padding."""
+        boi = int((ids == self.boi_id).nonzero()[0, 0])
+        out = ids.clone()
+        out[1:boi] = self.pad_id
+        return out
+
+    def start(self, prompts: list, *, cfg: bool) -> Session:
+        return PerImageCacheSession(self, [self._ids(p) for p in prompts], cfg)
+
+    def prefill(self, rows: torch.Tensor, cache) -> None:  # noqa: ANN001
+        self.hf.model(input_ids=rows, past_key_values=cache, use_cache=True)
+
+    def window_logits(self, inputs: torch.Tensor, prompt_end: torch.Tensor | None,
+                      cache) -> torch.Tensor:  # noqa: ANN001
+        ids = self.index_to_bpe[inputs].clone()
+        if prompt_end is not None:
+            ids[:, 0] = prompt_end
+        h = self.hf.model(input_ids=ids, past_key_values=cache, use_cache=True).last_hidden_state
+        return self.hf.lm_head(h)[..., self.index_to_bpe]
+
+    def decode(self, tokens: torch.Tensor) -> list[Image.Image]:
+        rows, cols = self.grid
+        codes = self.layout.image_tokens(tokens).to(self.device).view(-1, rows, cols)
+        with torch.inference_mode():
+            px = self.hf.model.vqmodel.decode(codes)
+        arr = ((px.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+        return [Image.fromarray(a) for a in arr.permute(0, 2, 3, 1).cpu().numpy()]
+
+    def token_embeddings(self) -> torch.Tensor:
+        return self.hf.get_input_embeddings().weight[self.index_to_bpe].detach()

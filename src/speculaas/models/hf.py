@@ -1,0 +1,89 @@
+"""Shared pieces of the transformers-backed adapters: family checks, cache rollback, and a
+session that keeps one `DynamicCache` per image so each image advances on its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .base import Session
+
+
+def rollback(cache, length: int) -> None:  # noqa: ANN001
+    """Crop a transformers cache to `length` tokens. Portable across 4.x/5.x: only ever calls
+    `crop` with a negative count (the tokens to drop), never crop(0) or crop(+n)."""
+    drop = length - int(cache.get_seq_length())
+    if drop < 0:
+        cache.crop(drop)
+
+
+def load_checkpoint(cls, path: str, model_type: str, dtype):  # noqa: ANN001, ANN201
+    """`cls.from_pretrained(path)` after checking the folder holds a `model_type` checkpoint;
+    every failure becomes a ValueError naming the path and what was expected."""
+    local = Path(path)
+    if local.exists() and not (local / "config.json").is_file():
+        raise ValueError(f"{local / 'config.json'} not found: expected a {model_type} "
+                         "checkpoint folder (config.json + model.safetensors)")
+    from transformers import AutoConfig
+
+    try:
+        found = AutoConfig.from_pretrained(path).model_type
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot load a {model_type} config from {path!r}: {e}") from None
+    if found != model_type:
+        raise ValueError(f"{path!r} holds a {found!r} model, expected {model_type!r}")
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    try:
+        return cls.from_pretrained(path, dtype=dtype).eval()
+    except (OSError, RuntimeError, ValueError) as e:
+        raise ValueError(f"cannot load {model_type} weights from {path!r}: {e}") from None
+
+
+def load_processor(path: str):  # noqa: ANN201
+    """The checkpoint's processor, or None when it ships no tokenizer."""
+    try:
+        from transformers import AutoProcessor
+
+        return AutoProcessor.from_pretrained(path)
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+
+
+class PerImageCacheSession(Session):
+    """One cache per image holding its conditional (and unconditional) row.
+
+    The model supplies `unconditional(ids)`, `prefill(rows, cache)` and
+    `window_logits(inputs [rows, L], prompt_end [rows] or None, cache) -> [rows, L, vocab]`.
+    Before each window the image's cache is cropped to its committed prefix.
+    """
+
+    def __init__(self, model, prompts: list[torch.Tensor], cfg: bool) -> None:  # noqa: ANN001
+        from transformers import DynamicCache
+
+        self.model = model
+        self.batch_size = len(prompts)
+        self.caches, self.prompt_len, self.last = [], [], []
+        with torch.inference_mode():
+            for ids in prompts:
+                rows = torch.stack([ids, model.unconditional(ids)]) if cfg else ids[None]
+                cache = DynamicCache(config=model.text_config)
+                if rows.shape[1] > 1:
+                    model.prefill(rows[:, :-1], cache)
+                self.caches.append(cache)
+                self.prompt_len.append(rows.shape[1])
+                self.last.append(rows[:, -1])  # the prompt's last token opens the first window
+
+    @torch.inference_mode()
+    def forward(self, inputs, offset, images):  # noqa: ANN001, ANN201
+        cond, uncond = [], []
+        for row, (i, n) in enumerate(zip(images.tolist(), offset.tolist(), strict=True)):
+            rollback(self.caches[i], self.prompt_len[i] - 1 + n)
+            rows = inputs[row].expand(len(self.last[i]), -1)
+            logits = self.model.window_logits(rows, self.last[i] if n == 0 else None,
+                                              self.caches[i]).float()
+            cond.append(logits[0])
+            if len(logits) == 2:
+                uncond.append(logits[1])
+        return torch.stack(cond), (torch.stack(uncond) if uncond else None)
