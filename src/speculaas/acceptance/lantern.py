@@ -60,9 +60,11 @@ class Lantern(AcceptanceRule):
     def _merge(self, draft_tokens: torch.Tensor, target_probs: torch.Tensor):
         """-> neighbour ids [B, K, k], their target mass [B, K, k], which are merged [B, K, k]."""
         table = self._table.to(draft_tokens.device)
-        neigh = table[draft_tokens]
+        # Tokens past the codebook (structural ones such as end-of-line) have no neighbours.
+        has_code = (draft_tokens < table.shape[0]).unsqueeze(-1)
+        neigh = table[draft_tokens.clamp(max=table.shape[0] - 1)]
         mass = target_probs.gather(-1, neigh)
-        merged = mass.cumsum(-1) <= self.delta  # cumulative mass is monotone: a prefix
+        merged = (mass.cumsum(-1) <= self.delta) & has_code  # cumulative mass: a prefix
         return neigh, mass, merged
 
     def compute_acceptance(self, draft_tokens, draft_probs, target_probs):  # noqa: ANN001, ANN201

@@ -38,7 +38,16 @@ def _emu3(path=None, **kw):  # noqa: ANN001, ANN202
     return Emu3Model(path, **kw)
 
 
-MODELS = {"builtin": _builtin, "tiny": _tiny, "toy": _toy, "janus": _janus, "emu3": _emu3}
+def _chameleon(path=None, **kw):  # noqa: ANN001, ANN202
+    if path is None:
+        raise ValueError("lumina-mgpt needs a checkpoint: a local folder or a hub name such as "
+                         "Alpha-VLLM/Lumina-mGPT-7B-768 (in transformers' Chameleon format)")
+    from .chameleon import ChameleonModel
+    return ChameleonModel(path, **kw)
+
+
+MODELS = {"builtin": _builtin, "tiny": _tiny, "toy": _toy, "janus": _janus, "emu3": _emu3,
+          "lumina-mgpt": _chameleon, "chameleon": _chameleon, "anole": _chameleon}
 
 
 def load_model(name: str, path: str | None = None, **kwargs) -> ImageModel:

@@ -87,8 +87,8 @@ class Emu3Model(ImageModel):
     def prefill(self, rows: torch.Tensor, cache) -> None:  # noqa: ANN001
         self.hf.model(input_ids=rows, past_key_values=cache, use_cache=True)
 
-    def window_logits(self, inputs: torch.Tensor, prompt_end: torch.Tensor | None,
-                      cache) -> torch.Tensor:  # noqa: ANN001
+    def window_logits(self, inputs: torch.Tensor, prompt_end: torch.Tensor | None, cache,
+                      state=None) -> torch.Tensor:  # noqa: ANN001
         ids = self.index_to_bpe[inputs].clone()
         if prompt_end is not None:
             ids[:, 0] = prompt_end

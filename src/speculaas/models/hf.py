@@ -54,8 +54,9 @@ def load_processor(path: str):  # noqa: ANN201
 class PerImageCacheSession(Session):
     """One cache per image holding its conditional (and unconditional) row.
 
-    The model supplies `unconditional(ids)`, `prefill(rows, cache)` and
-    `window_logits(inputs [rows, L], prompt_end [rows] or None, cache) -> [rows, L, vocab]`.
+    The model supplies `unconditional(ids)`, `prefill(rows, cache) -> state` and
+    `window_logits(inputs [rows, L], prompt_end [rows] or None, cache, state) -> [rows, L, vocab]`
+    (`state` is whatever prefill returned for that image, e.g. a prompt attention mask).
     Before each window the image's cache is cropped to its committed prefix.
     """
 
@@ -64,13 +65,13 @@ class PerImageCacheSession(Session):
 
         self.model = model
         self.batch_size = len(prompts)
-        self.caches, self.prompt_len, self.last = [], [], []
+        self.caches, self.prompt_len, self.last, self.state = [], [], [], []
         with torch.inference_mode():
             for ids in prompts:
                 rows = torch.stack([ids, model.unconditional(ids)]) if cfg else ids[None]
                 cache = DynamicCache(config=model.text_config)
-                if rows.shape[1] > 1:
-                    model.prefill(rows[:, :-1], cache)
+                state = model.prefill(rows[:, :-1], cache) if rows.shape[1] > 1 else None
+                self.state.append(state)
                 self.caches.append(cache)
                 self.prompt_len.append(rows.shape[1])
                 self.last.append(rows[:, -1])  # the prompt's last token opens the first window
@@ -82,7 +83,7 @@ class PerImageCacheSession(Session):
             rollback(self.caches[i], self.prompt_len[i] - 1 + n)
             rows = inputs[row].expand(len(self.last[i]), -1)
             logits = self.model.window_logits(rows, self.last[i] if n == 0 else None,
-                                              self.caches[i]).float()
+                                              self.caches[i], self.state[i]).float()
             cond.append(logits[0])
             if len(logits) == 2:
                 uncond.append(logits[1])

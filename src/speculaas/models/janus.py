@@ -90,8 +90,8 @@ class JanusModel(ImageModel):
         self.hf.model.language_model(inputs_embeds=self.hf.get_input_embeddings()(rows),
                                      past_key_values=cache, use_cache=True)
 
-    def window_logits(self, inputs: torch.Tensor, prompt_end: torch.Tensor | None,
-                      cache) -> torch.Tensor:  # noqa: ANN001
+    def window_logits(self, inputs: torch.Tensor, prompt_end: torch.Tensor | None, cache,
+                      state=None) -> torch.Tensor:  # noqa: ANN001
         """Image tokens enter through the generation embedding + aligner; the prompt's last
         (image-start) token through the text embedding."""
         emb = self.hf.prepare_embeddings_for_image_generation(inputs)

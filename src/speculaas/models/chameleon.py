@@ -1,0 +1,130 @@
+"""Lumina-mGPT, Anole and other Chameleon-family models through transformers'
+`ChameleonForConditionalGeneration`.
+
+Its `forward` masks image logits (text output only), so the adapter takes the hidden states
+through `lm_head` and keeps the image-token columns, mapped to VQ codes through the vocabulary
+mapping (`IMGIMG...Z` names). Lumina-mGPT's layout: the prompt ends with the image-start token
+and the two size tokens; then every row of image tokens is followed by an end-of-line token
+(forced, not speculated). CFG as Lumina-mGPT does it: the unconditional context starts at the
+image-start token (left-padded and masked to the prompt's length, so both rows share one
+cache). Default CFG 3, top-k 2000, 48x48 tokens (768x768).
+
+Pixels come from the Chameleon VQGAN (`vqgan.ckpt` + `vqgan.yaml`), see `vqgan.py`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from ..config import SamplingConfig
+from .base import ImageModel, Layout, Session
+from .hf import PerImageCacheSession, load_checkpoint
+
+DEFAULTS = SamplingConfig(temperature=1.0, top_k=2000, top_p=None, cfg_scale=3.0)
+EOL_NAME, IMAGE_START_NAME = "<reserved08799>", "<racm3:break>"
+
+
+class ChameleonModel(ImageModel):
+    name = "lumina-mgpt"
+
+    def __init__(self, path: str, device: str | torch.device = "cpu",
+                 dtype: torch.dtype | str | None = None, grid: tuple[int, int] = (48, 48),
+                 vqgan: str | Path | None = None, eol_token: str = EOL_NAME,
+                 image_start_token: str = IMAGE_START_NAME) -> None:
+        from transformers import ChameleonForConditionalGeneration
+
+        self.hf = load_checkpoint(ChameleonForConditionalGeneration, str(path), "chameleon",
+                                  dtype)
+        self.device = torch.device(device)
+        self.hf.to(self.device)
+        vm = self.hf.model.vocabulary_mapping
+        vocab = vm.vocab_map
+        for name in (eol_token, image_start_token):
+            if name not in vocab:
+                raise ValueError(f"{path}: vocabulary has no {name!r} token")
+        code2bpe = vm.img2bpe_mapping_tensor.long()
+        self.codes = len(code2bpe)
+        self.index_to_bpe = torch.cat([code2bpe, torch.tensor([vocab[eol_token]])]).to(self.device)
+        self.vocab_size = self.codes + 1
+        rows, cols = grid
+        self.layout = Layout.with_row_end(rows, cols, self.codes)
+        self.defaults = DEFAULTS
+        self.boi_id = vocab[image_start_token]
+        self.pad_id = self.hf.config.pad_token_id if self.hf.config.pad_token_id is not None else 1
+        self.text_config = self.hf.config
+        folder = Path(vqgan) if vqgan is not None else Path(path) / "vqgan"
+        self.vqgan = None
+        if (folder / "vqgan.ckpt").exists() or vqgan is not None:
+            from .vqgan import VQGANDecoder
+
+            self.vqgan = VQGANDecoder.from_files(folder / "vqgan.ckpt",
+                                                 folder / "vqgan.yaml").to(self.device)
+
+    def _ids(self, prompt) -> torch.Tensor:  # noqa: ANN001
+        if isinstance(prompt, str):
+            raise ValueError("Chameleon-family prompts are token ids in the model's generation "
+                             "format (for Lumina-mGPT: its conversation template, then the "
+                             "image-start and two size tokens), not text")
+        if not (isinstance(prompt, (list, tuple)) and prompt
+                and all(isinstance(t, int) for t in prompt)):
+            raise ValueError(f"Chameleon prompts are lists of token ids, got {prompt!r}")
+        ids = torch.tensor(list(prompt), device=self.device)
+        if not (ids == self.boi_id).any():
+            raise ValueError(f"the prompt must contain the image-start token (id {self.boi_id}) "
+                             "followed by the size tokens")
+        return ids
+
+    def check_prompts(self, prompts: list) -> None:
+        for p in prompts:
+            self._ids(p)
+
+    def unconditional(self, ids: torch.Tensor) -> torch.Tensor:
+        """The context from the image-start token on; the text before it becomes padding,
+        which `attention_mask` hides."""
+        boi = int((ids == self.boi_id).nonzero()[0, 0])
+        out = ids.clone()
+        out[:boi] = self.pad_id
+        return out
+
+    def start(self, prompts: list, *, cfg: bool) -> Session:
+        return PerImageCacheSession(self, [self._ids(p) for p in prompts], cfg)
+
+    def prefill(self, rows: torch.Tensor, cache) -> torch.Tensor:  # noqa: ANN001
+        """Returns the prompt's attention mask: the conditional row sees everything, the
+        unconditional one only what follows its padding."""
+        is_uncond = torch.arange(len(rows), device=rows.device)[:, None] > 0
+        mask = (~is_uncond | (rows != self.pad_id)).long()
+        self.hf.model(input_ids=rows, attention_mask=mask, past_key_values=cache, use_cache=True)
+        return mask
+
+    def window_logits(self, inputs: torch.Tensor, prompt_end: torch.Tensor | None, cache,
+                      prompt_mask: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        ids = self.index_to_bpe[inputs].clone()
+        if prompt_end is not None:
+            ids[:, 0] = prompt_end
+        past = int(cache.get_seq_length())
+        mask = torch.ones(len(ids), past + ids.shape[1], dtype=torch.long, device=ids.device)
+        mask[:, : prompt_mask.shape[1]] = prompt_mask
+        h = self.hf.model(input_ids=ids, attention_mask=mask, past_key_values=cache,
+                          use_cache=True).last_hidden_state
+        return self.hf.lm_head(h)[..., self.index_to_bpe]
+
+    def decode(self, tokens: torch.Tensor) -> list[Image.Image]:
+        if self.vqgan is None:
+            raise ValueError("no VQGAN pixel decoder: pass vqgan=FOLDER holding vqgan.ckpt and "
+                             "vqgan.yaml (Lumina-mGPT ships them under ckpts/chameleon/tokenizer)")
+        rows, cols = self.grid
+        codes = self.layout.image_tokens(tokens).to(self.device).view(-1, rows, cols)
+        with torch.inference_mode():
+            px = self.vqgan(codes)
+        arr = ((px.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+        return [Image.fromarray(a) for a in arr.permute(0, 2, 3, 1).cpu().numpy()]
+
+    def token_embeddings(self) -> torch.Tensor:
+        return self.hf.get_input_embeddings().weight[self.index_to_bpe].detach()
+
+    def codebook(self) -> torch.Tensor | None:
+        return None if self.vqgan is None else self.vqgan.quantize.embedding.weight.detach()
