@@ -46,8 +46,17 @@ def _chameleon(path=None, **kw):  # noqa: ANN001, ANN202
     return ChameleonModel(path, **kw)
 
 
+def _llamagen(path=None, **kw):  # noqa: ANN001, ANN202
+    if path is None:
+        raise ValueError("llamagen needs a GPT checkpoint path such as c2i_L_256.pt "
+                         "(and vq='vq_ds16_c2i.pt' for pixels)")
+    from .llamagen import LlamaGenModel
+    return LlamaGenModel(path, **kw)
+
+
 MODELS = {"builtin": _builtin, "tiny": _tiny, "toy": _toy, "janus": _janus, "emu3": _emu3,
-          "lumina-mgpt": _chameleon, "chameleon": _chameleon, "anole": _chameleon}
+          "lumina-mgpt": _chameleon, "chameleon": _chameleon, "anole": _chameleon,
+          "llamagen": _llamagen}
 
 
 def load_model(name: str, path: str | None = None, **kwargs) -> ImageModel:

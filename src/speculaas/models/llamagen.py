@@ -1,0 +1,385 @@
+"""LlamaGen (class-conditional c2i and text-conditional t2i), implemented here so that its
+released `.pt` checkpoints load with `weights_only=True`.
+
+The GPT is Llama blocks (RMSNorm, SwiGLU, grouped-query attention) with LlamaGen's 2-D rotary
+embedding: the condition prefix (1 class token, or 120 caption tokens) gets all-zero rotary
+tables, image token i the (row, col) of its grid cell. Parameter names match the checkpoints
+(`tok_embeddings`, `cls_embedding.*`, `layers.N.attention.wqkv`, ...). CFG by the null
+condition: the extra class row of the label table (c2i) or the learned `uncond_embedding` (t2i).
+The cache is our static per-row cache, so each image advances on its own.
+
+The VQ-16 tokenizer is transformers' `JanusVQVAE` (the same design) with LlamaGen's weight
+names mapped onto it (`conv_blocks.K.res.J` -> `up/down.K.block.J`, `mid.0/1/2` ->
+`mid.block_1/attn_1/block_2`).
+
+t2i prompts are precomputed caption embeddings: a [120, caption_dim] tensor (flan-t5-xl hidden
+states, as LlamaGen makes them with its T5 embedder, left-padded), or a dict
+{"embedding": tensor, "mask": [120] bool} whose False entries are padding.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch import nn
+
+from ..config import SamplingConfig
+from .base import ImageModel, Layout, Session
+
+# (dim, n_layer) -> n_head of LlamaGen's published GPT sizes.
+N_HEADS = {(768, 12): 12, (1024, 24): 16, (1280, 36): 20, (1536, 48): 24, (2560, 48): 40,
+           (2048, 22): 32, (3200, 24): 32, (4096, 32): 32}
+
+
+def rotary_2d(grid: int, head_dim: int, base: float, prefix: int) -> torch.Tensor:
+    """[prefix + grid**2, head_dim // 2, 2] (cos, sin): half the pairs rotate with the row,
+    half with the column; the condition prefix gets zeros."""
+    half = head_dim // 2
+    freqs = 1.0 / (base ** (torch.arange(0, half, 2)[: half // 2].float() / half))
+    t = torch.outer(torch.arange(grid).float(), freqs)
+    ang = torch.cat([t[:, None, :].expand(-1, grid, -1), t[None, :, :].expand(grid, -1, -1)], -1)
+    table = torch.stack([ang.cos(), ang.sin()], -1).flatten(0, 1)
+    return torch.cat([torch.zeros(prefix, head_dim // 2, 2), table])
+
+
+def _rotate(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+    """x [R, L, H, D] with interleaved pairs; rot [R, L, D/2, 2]."""
+    xs = x.float().reshape(*x.shape[:-1], -1, 2)
+    c, s = rot[:, :, None, :, 0], rot[:, :, None, :, 1]
+    out = torch.stack([xs[..., 0] * c - xs[..., 1] * s, xs[..., 1] * c + xs[..., 0] * s], -1)
+    return out.flatten(3).type_as(x)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+class _Attention(nn.Module):
+    def __init__(self, dim: int, n_head: int, n_kv_head: int) -> None:
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, dim // n_head
+        self.wqkv = nn.Linear(dim, (n_head + 2 * n_kv_head) * self.head_dim, bias=False)
+        self.wo = nn.Linear(dim, dim, bias=False)
+
+
+class _FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+
+
+class _Block(nn.Module):
+    def __init__(self, dim: int, n_head: int, n_kv_head: int, hidden: int, eps: float) -> None:
+        super().__init__()
+        self.attention = _Attention(dim, n_head, n_kv_head)
+        self.feed_forward = _FeedForward(dim, hidden)
+        self.attention_norm = RMSNorm(dim, eps)
+        self.ffn_norm = RMSNorm(dim, eps)
+
+
+class _Labels(nn.Module):
+    def __init__(self, num_classes: int, dim: int) -> None:
+        super().__init__()
+        self.embedding_table = nn.Embedding(num_classes + 1, dim)  # last row: null class
+
+
+class _MLP(nn.Module):
+    def __init__(self, cin: int, dim: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(cin, dim, bias=False)
+        self.fc2 = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+class _Captions(nn.Module):
+    def __init__(self, caption_dim: int, dim: int, tokens: int) -> None:
+        super().__init__()
+        self.cap_proj = _MLP(caption_dim, dim)
+        self.register_buffer("uncond_embedding", torch.zeros(tokens, caption_dim))
+
+
+class LlamaGenGPT(nn.Module):
+    def __init__(self, dim: int, n_layer: int, n_head: int, n_kv_head: int, vocab_size: int,
+                 ffn_hidden: int, grid: int, model_type: str = "c2i", num_classes: int = 1000,
+                 caption_dim: int = 2048, cls_token_num: int = 1, rope_base: float = 10000.0,
+                 norm_eps: float = 1e-5) -> None:
+        super().__init__()
+        self.dim, self.n_layer, self.grid = dim, n_layer, grid
+        self.model_type, self.cls_token_num = model_type, cls_token_num
+        if model_type == "c2i":
+            self.cls_embedding = _Labels(num_classes, dim)
+        else:
+            self.cls_embedding = _Captions(caption_dim, dim, cls_token_num)
+        self.tok_embeddings = nn.Embedding(vocab_size, dim)
+        self.layers = nn.ModuleList(_Block(dim, n_head, n_kv_head, ffn_hidden, norm_eps)
+                                    for _ in range(n_layer))
+        self.norm = RMSNorm(dim, norm_eps)
+        self.output = nn.Linear(dim, vocab_size, bias=False)
+        self.register_buffer("rotary", rotary_2d(grid, dim // n_head, rope_base, cls_token_num),
+                             persistent=False)
+
+    @property
+    def max_len(self) -> int:
+        return self.cls_token_num + self.grid**2
+
+    def condition(self, prompts: list, null: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> prefix embeddings [B, C, dim] and which prefix positions are real [B, C]."""
+        dev = self.tok_embeddings.weight.device
+        if self.model_type == "c2i":
+            null_id = self.cls_embedding.embedding_table.num_embeddings - 1
+            ids = []
+            for p in prompts:
+                if p is not None and (isinstance(p, bool) or not isinstance(p, int)
+                                      or not 0 <= p < null_id):
+                    raise ValueError(f"LlamaGen c2i prompts are class ids in [0, {null_id}) or "
+                                     f"None, got {p!r}")
+                ids.append(null_id if (p is None or null) else p)
+            emb = self.cls_embedding.embedding_table(torch.tensor(ids, device=dev))[:, None]
+            return emb, torch.ones(len(prompts), 1, dtype=torch.bool, device=dev)
+        caps, masks = [], []
+        uncond = self.cls_embedding.uncond_embedding
+        for p in prompts:
+            emb, mask = (p.get("embedding"), p.get("mask")) if isinstance(p, dict) else (p, None)
+            if p is None or null:
+                emb, mask = uncond, None
+            if not isinstance(emb, torch.Tensor) or tuple(emb.shape) != tuple(uncond.shape):
+                raise ValueError(f"LlamaGen t2i prompts are caption embeddings of shape "
+                                 f"{tuple(uncond.shape)} (or dicts with 'embedding' and 'mask')")
+            caps.append(emb.to(dev, uncond.dtype))
+            masks.append(torch.ones(len(uncond), dtype=torch.bool, device=dev) if mask is None
+                         else mask.to(dev, torch.bool))
+        return self.cls_embedding.cap_proj(torch.stack(caps)), torch.stack(masks)
+
+    def forward_cached(self, x: torch.Tensor, pos: torch.Tensor, cache: dict,
+                       rows: torch.Tensor) -> torch.Tensor:
+        """x [R, L, dim] embeddings at positions pos [R, L] of cache rows `rows` -> logits."""
+        span = int(pos.max()) + 1
+        keys = torch.arange(span, device=x.device)
+        visible = keys[None, None, :] <= pos[:, :, None]
+        # Padded caption positions are hidden, except from themselves (no empty softmax rows).
+        valid = cache["valid"][rows, :span]
+        mask = (visible & (valid[:, None, :] | (keys[None, None, :] == pos[:, :, None])))[:, None]
+        rot = self.rotary[pos.clamp(max=self.rotary.shape[0] - 1)]
+        for i, blk in enumerate(self.layers):
+            att = blk.attention
+            q, k, v = att.wqkv(blk.attention_norm(x)).split(
+                [self.dim, att.n_kv_head * att.head_dim, att.n_kv_head * att.head_dim], -1)
+            q = _rotate(q.view(*x.shape[:2], att.n_head, att.head_dim), rot)
+            k = _rotate(k.view(*x.shape[:2], att.n_kv_head, att.head_dim), rot)
+            v = v.view(*x.shape[:2], att.n_kv_head, att.head_dim)
+            cache["k"][i][rows[:, None], :, pos] = k
+            cache["v"][i][rows[:, None], :, pos] = v
+            rep = att.n_head // att.n_kv_head
+            ks = cache["k"][i][rows, :, :span].repeat_interleave(rep, 1)
+            vs = cache["v"][i][rows, :, :span].repeat_interleave(rep, 1)
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), ks, vs, attn_mask=mask)
+            x = x + att.wo(out.transpose(1, 2).reshape(x.shape))
+            ff = blk.feed_forward
+            h = blk.ffn_norm(x)
+            x = x + ff.w2(F.silu(ff.w1(h)) * ff.w3(h))
+        return self.output(self.norm(x)).float()
+
+    def new_cache(self, rows: int) -> dict:
+        att = self.layers[0].attention
+        p = self.tok_embeddings.weight
+        shape = (self.n_layer, rows, att.n_kv_head, self.max_len + 1, att.head_dim)
+        return {"k": torch.zeros(shape, dtype=p.dtype, device=p.device),
+                "v": torch.zeros(shape, dtype=p.dtype, device=p.device),
+                "valid": torch.ones(rows, self.max_len + 1, dtype=torch.bool, device=p.device)}
+
+
+def _state_dict(path: Path) -> dict:
+    if not path.is_file():
+        raise ValueError(f"LlamaGen checkpoint not found: {path}")
+    try:
+        sd = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - pickle errors come in many types
+        raise ValueError(f"cannot read {path} as a weights-only torch checkpoint: {e}") from None
+    for key in ("model", "module", "state_dict", "ema"):
+        if isinstance(sd, dict) and key in sd and isinstance(sd[key], dict):
+            sd = sd[key]
+            break
+    return sd
+
+
+def gpt_from_checkpoint(path: Path, image_size: int, n_head: int | None = None,
+                        downsample: int = 16) -> LlamaGenGPT:
+    sd = _state_dict(path)
+    if "tok_embeddings.weight" not in sd:
+        raise ValueError(f"{path}: not a LlamaGen GPT checkpoint (no tok_embeddings.weight)")
+    vocab, dim = sd["tok_embeddings.weight"].shape
+    n_layer = 1 + max(int(m.group(1)) for k in sd if (m := re.match(r"layers\.(\d+)\.", k)))
+    n_head = n_head or N_HEADS.get((dim, n_layer))
+    if n_head is None:
+        raise ValueError(f"{path}: unknown GPT size (dim {dim}, {n_layer} layers); pass n_head=")
+    head_dim = dim // n_head
+    qkv = sd["layers.0.attention.wqkv.weight"].shape[0]
+    n_kv_head = (qkv - dim) // (2 * head_dim)
+    grid = image_size // downsample
+    kw = dict(dim=dim, n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head, vocab_size=vocab,
+              ffn_hidden=sd["layers.0.feed_forward.w1.weight"].shape[0], grid=grid)
+    if "cls_embedding.embedding_table.weight" in sd:
+        kw |= dict(model_type="c2i", num_classes=sd["cls_embedding.embedding_table.weight"].shape[0] - 1)
+    else:
+        unc = sd["cls_embedding.uncond_embedding"]
+        kw |= dict(model_type="t2i", caption_dim=unc.shape[1], cls_token_num=unc.shape[0])
+    model = LlamaGenGPT(**kw)
+    _load_checked(model, sd, path)
+    return model.eval()
+
+
+def _load_checked(module: nn.Module, sd: dict, path: Path, required: tuple[str, ...] = ()) -> None:
+    """Load `sd` into `module` after checking names and shapes. `required`: name prefixes that
+    must all be present (default: every parameter of the module)."""
+    wanted = {k: v for k, v in module.state_dict().items()
+              if not required or k.startswith(required)}
+    missing = sorted(set(wanted) - set(sd))
+    if missing:
+        raise ValueError(f"{path}: missing {len(missing)} tensors, e.g. {missing[0]}")
+    for k, v in wanted.items():
+        if sd[k].shape != v.shape:
+            raise ValueError(f"{path}: {k} has shape {tuple(sd[k].shape)}, expected "
+                             f"{tuple(v.shape)}")
+    known = set(module.state_dict())
+    module.load_state_dict({k: v for k, v in sd.items() if k in known}, strict=not required)
+
+
+def llamagen_to_janus_names(sd: dict) -> dict:
+    """LlamaGen VQModel weight names -> transformers JanusVQVAE names."""
+    out = {}
+    for k, v in sd.items():
+        k2 = re.sub(r"^(encoder)\.conv_blocks\.(\d+)\.res\.", r"\1.down.\2.block.", k)
+        k2 = re.sub(r"^(encoder)\.conv_blocks\.(\d+)\.", r"\1.down.\2.", k2)
+        k2 = re.sub(r"^(decoder)\.conv_blocks\.(\d+)\.res\.", r"\1.up.\2.block.", k2)
+        k2 = re.sub(r"^(decoder)\.conv_blocks\.(\d+)\.", r"\1.up.\2.", k2)
+        k2 = re.sub(r"\.mid\.0\.", ".mid.block_1.", k2)
+        k2 = re.sub(r"\.mid\.1\.", ".mid.attn_1.", k2)
+        k2 = re.sub(r"\.mid\.2\.", ".mid.block_2.", k2)
+        out[k2] = v
+    return out
+
+
+def vq16_from_checkpoint(path: Path, grid: int, **config):  # noqa: ANN003, ANN201
+    """LlamaGen's VQ-16 weights in a JanusVQVAE (decoder, quantizer and post-quant conv are
+    required; the encoder is loaded when present)."""
+    from transformers.models.janus.configuration_janus import JanusVQVAEConfig
+    from transformers.models.janus.modeling_janus import JanusVQVAE
+
+    sd = llamagen_to_janus_names(_state_dict(path))
+    if "quantize.embedding.weight" not in sd:
+        raise ValueError(f"{path}: not a VQ checkpoint (no quantize.embedding.weight)")
+    n_codes, embed_dim = sd["quantize.embedding.weight"].shape
+    cfg = dict(embed_dim=embed_dim, num_embeddings=n_codes, latent_channels=256,
+               base_channels=128, channel_multiplier=[1, 1, 2, 2, 4], num_res_blocks=2,
+               num_patches=grid, projection_dim=8, image_token_embed_dim=8) | config
+    vq = JanusVQVAE(JanusVQVAEConfig(**cfg))
+    _load_checked(vq, sd, path, required=("decoder.", "post_quant_conv.", "quantize."))
+    return vq.eval()
+
+
+class LlamaGenModel(ImageModel):
+    name = "llamagen"
+
+    def __init__(self, path: str, vq: str | None = None, image_size: int | None = None,
+                 n_head: int | None = None, device: str | torch.device = "cpu",
+                 dtype: torch.dtype | str | None = None, vq_config: dict | None = None) -> None:
+        path = Path(path)
+        # LlamaGen's defaults: c2i at 256 px, t2i stage II at 512 px (16 px per token).
+        size = image_size or (512 if "t2i" in path.name else 256)
+        self.gpt = gpt_from_checkpoint(path, size, n_head)
+        self.device = torch.device(device)
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        self.gpt.to(self.device, dtype=dtype)
+        grid = self.gpt.grid
+        self.layout = Layout.raster(grid, grid)
+        self.vocab_size = self.gpt.output.out_features
+        c2i = self.gpt.model_type == "c2i"
+        self.defaults = SamplingConfig(cfg_scale=4.0 if c2i else 7.5,
+                                       top_k=2000 if c2i else 1000, top_p=None)
+        self.vq = None
+        if vq is not None:
+            self.vq = vq16_from_checkpoint(Path(vq), grid, **(vq_config or {})).to(self.device)
+
+    def check_prompts(self, prompts: list) -> None:
+        self.gpt.condition(prompts, null=False)
+
+    def start(self, prompts: list, *, cfg: bool) -> Session:
+        return _LlamaGenSession(self, prompts, cfg)
+
+    def decode(self, tokens: torch.Tensor) -> list[Image.Image]:
+        if self.vq is None:
+            raise ValueError("no VQ tokenizer loaded: pass vq='vq_ds16_c2i.pt' (or t2i) to "
+                             "load_model('llamagen', ...)")
+        with torch.inference_mode():
+            px = self.vq.decode(tokens.to(self.device))
+        arr = ((px.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+        return [Image.fromarray(a) for a in arr.permute(0, 2, 3, 1).cpu().numpy()]
+
+    def token_embeddings(self) -> torch.Tensor:
+        return self.gpt.tok_embeddings.weight.detach()
+
+    def codebook(self) -> torch.Tensor | None:
+        if self.vq is None:
+            return None
+        return F.normalize(self.vq.quantize.embedding.weight.detach().float(), dim=1)
+
+
+class _LlamaGenSession(Session):
+    def __init__(self, model: LlamaGenModel, prompts: list, cfg: bool) -> None:
+        gpt = model.gpt
+        self.gpt, self.batch_size, self.cfg = gpt, len(prompts), cfg
+        emb, valid = gpt.condition(prompts, null=False)
+        if cfg:
+            null_emb, null_valid = gpt.condition(prompts, null=True)
+            emb, valid = torch.cat([emb, null_emb]), torch.cat([valid, null_valid])
+        rows = len(emb)
+        self.cache = gpt.new_cache(rows)
+        self.cache["valid"][:, : valid.shape[1]] = valid
+        self.prefix = gpt.cls_token_num
+        self.last = emb[:, -1:]  # the last condition token opens the first window
+        if self.prefix > 1:
+            pos = torch.arange(self.prefix - 1, device=emb.device).expand(rows, -1)
+            with torch.inference_mode():
+                gpt.forward_cached(emb[:, :-1], pos, self.cache, torch.arange(rows,
+                                                                                device=emb.device))
+
+    @torch.inference_mode()
+    def forward(self, inputs, offset, images):  # noqa: ANN001, ANN201
+        rows = torch.cat([images, images + self.batch_size]) if self.cfg else images
+        if self.cfg:
+            inputs, offset = torch.cat([inputs, inputs]), torch.cat([offset, offset])
+        x = self.gpt.tok_embeddings(inputs)
+        first = (offset == 0)[:, None, None]
+        x = torch.cat([torch.where(first, self.last[rows].to(x.dtype), x[:, :1]), x[:, 1:]], 1)
+        pos = self.prefix - 1 + offset[:, None] + torch.arange(inputs.shape[1], device=x.device)
+        pos = pos.clamp(max=self.gpt.max_len)  # slots past the image: a spare cache slot
+        logits = self.gpt.forward_cached(x, pos, self.cache, rows)
+        if self.cfg:
+            cond, uncond = logits.chunk(2)
+            return cond, uncond
+        return logits, None
+
+
+def make_checkpoint(model: LlamaGenGPT, path: Path) -> None:
+    """Save in LlamaGen's released layout ({'model': state_dict}); used by tests and tools."""
+    torch.save({"model": {k: v for k, v in model.state_dict().items()}}, path)
+
+
+__all__ = ["LlamaGenGPT", "LlamaGenModel", "gpt_from_checkpoint", "make_checkpoint",
+           "llamagen_to_janus_names", "rotary_2d"]

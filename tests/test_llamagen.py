@@ -1,0 +1,132 @@
+"""LlamaGen: our GPT saved in the released .pt layout and loaded through the real loading code
+(weights_only=True), c2i and t2i, plus the VQ-16 weight-name mapping onto JanusVQVAE."""
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import speculaas as sp
+from speculaas.models.llamagen import LlamaGenGPT, make_checkpoint
+
+GRID = 4
+
+
+def _gpt(model_type):
+    torch.manual_seed(0)
+    gpt = LlamaGenGPT(dim=64, n_layer=2, n_head=4, n_kv_head=2, vocab_size=32, ffn_hidden=96,
+                      grid=GRID, model_type=model_type, num_classes=10, caption_dim=24,
+                      cls_token_num=1 if model_type == "c2i" else 6)
+    with torch.no_grad():
+        gpt.output.weight.normal_(std=2.0)  # peaked logits: greedy decoding away from ties
+        if model_type == "t2i":
+            gpt.cls_embedding.uncond_embedding.normal_()
+    return gpt
+
+
+def _janus_to_llamagen(name):
+    name = re.sub(r"^(encoder)\.down\.(\d+)\.block\.", r"\1.conv_blocks.\2.res.", name)
+    name = re.sub(r"^(encoder)\.down\.(\d+)\.", r"\1.conv_blocks.\2.", name)
+    name = re.sub(r"^(decoder)\.up\.(\d+)\.block\.", r"\1.conv_blocks.\2.res.", name)
+    name = re.sub(r"^(decoder)\.up\.(\d+)\.", r"\1.conv_blocks.\2.", name)
+    for i, part in enumerate(("block_1", "attn_1", "block_2")):
+        name = name.replace(f".mid.{part}.", f".mid.{i}.")
+    return name
+
+
+VQ_CFG = dict(embed_dim=8, num_embeddings=32, latent_channels=32, base_channels=32,
+              channel_multiplier=[1, 2], num_res_blocks=1)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    from transformers.models.janus.configuration_janus import JanusVQVAEConfig
+    from transformers.models.janus.modeling_janus import JanusVQVAE
+
+    out = tmp_path_factory.mktemp("llamagen")
+    make_checkpoint(_gpt("c2i"), out / "c2i_tiny_64.pt")
+    make_checkpoint(_gpt("t2i"), out / "t2i_tiny_64.pt")
+    torch.manual_seed(1)
+    vq = JanusVQVAE(JanusVQVAEConfig(**VQ_CFG, num_patches=GRID, projection_dim=8,
+                                     image_token_embed_dim=8))
+    torch.save({"model": {_janus_to_llamagen(k): v for k, v in vq.state_dict().items()}},
+               out / "vq_tiny.pt")
+    return out, vq
+
+
+@pytest.fixture(scope="module")
+def c2i(files):
+    out, _ = files
+    return sp.load_model("llamagen", str(out / "c2i_tiny_64.pt"), vq=str(out / "vq_tiny.pt"),
+                         image_size=GRID * 16, vq_config=VQ_CFG, n_head=4)
+
+
+@pytest.mark.parametrize("window", [1, 4, 16])
+def test_c2i_greedy_speculative_equals_ar_with_cfg(c2i, window):
+    ar = sp.generate(c2i, [3, 7, None], method="ar", top_k=1, decode_images=False)
+    for method in ("sjd", "csd"):
+        out = sp.generate(c2i, [3, 7, None], method=method, top_k=1, window=window, seed=5,
+                          decode_images=False)
+        assert torch.equal(out.tokens, ar.tokens), method
+
+
+def test_c2i_matches_a_full_causal_pass(c2i):
+    """Cached, rolled-back decoding scores like LlamaGen's own full forward over the sequence."""
+    out = sp.generate(c2i, [3], method="csd", seed=0, cfg_scale=1.0, decode_images=False)
+    gpt = c2i.gpt
+    x = torch.cat([gpt.cls_embedding.embedding_table(torch.tensor([[3]])),
+                   gpt.tok_embeddings(out.tokens[:, :-1])], 1)
+    cache = gpt.new_cache(1)
+    full = gpt.forward_cached(x, torch.arange(x.shape[1])[None], cache, torch.tensor([0]))
+    session = c2i.start([3], cfg=False)
+    prev = torch.cat([torch.zeros(1, 1, dtype=torch.long), out.tokens[:, :-1]], 1)
+    session.forward(torch.randint(32, (1, 6)), torch.tensor([0]), torch.tensor([0]))  # junk
+    a, _ = session.forward(prev[:, :9], torch.tensor([0]), torch.tensor([0]))
+    session.forward(torch.randint(32, (1, 5)), torch.tensor([8]), torch.tensor([0]))  # junk
+    b, _ = session.forward(prev[:, 8:], torch.tensor([8]), torch.tensor([0]))
+    assert torch.allclose(torch.cat([a[:, :8], b], 1), full, atol=1e-4)
+
+
+def test_vq16_names_map_onto_janus_vqvae(files, c2i):
+    _, vq = files
+    tokens = torch.randint(32, (2, GRID * GRID))
+    out = c2i.decode(tokens)
+    with torch.no_grad():
+        ref = vq.decode(tokens)
+    assert out[0].size == (ref.shape[-1], ref.shape[-2])
+    got = torch.from_numpy(np.asarray(out[0])).float()
+    want = ((ref[0].clamp(-1, 1) + 1) * 127.5).round().permute(1, 2, 0)
+    assert (got - want).abs().max() <= 1
+
+
+def test_t2i_with_caption_embeddings_and_padding_mask(files):
+    out, _ = files
+    model = sp.load_model("llamagen", str(out / "t2i_tiny_64.pt"), image_size=GRID * 16,
+                          n_head=4)
+    torch.manual_seed(3)
+    caps = [torch.randn(6, 24), {"embedding": torch.randn(6, 24),
+                                 "mask": torch.tensor([False, False, True, True, True, True])}]
+    ar = sp.generate(model, caps, method="ar", top_k=1, decode_images=False)
+    sjd = sp.generate(model, caps, method="sjd", top_k=1, window=5, decode_images=False)
+    assert torch.equal(ar.tokens, sjd.tokens)
+    # padded positions are really ignored: changing them changes nothing
+    other = {"embedding": caps[1]["embedding"].clone(), "mask": caps[1]["mask"]}
+    other["embedding"][:2] = 100.0
+    again = sp.generate(model, [caps[0], other], method="ar", top_k=1, decode_images=False)
+    assert torch.equal(again.tokens, ar.tokens)
+    with pytest.raises(ValueError, match="caption embeddings of shape"):
+        sp.generate(model, [torch.randn(3, 24)], method="ar")
+
+
+def test_bad_checkpoints(tmp_path, files):
+    with pytest.raises(ValueError, match="checkpoint not found"):
+        sp.load_model("llamagen", str(tmp_path / "missing.pt"))
+    torch.save({"model": {"foo": torch.zeros(1)}}, tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match="not a LlamaGen GPT checkpoint"):
+        sp.load_model("llamagen", str(tmp_path / "bad.pt"))
+    out, _ = files
+    with pytest.raises(ValueError, match="has shape"):
+        sp.load_model("llamagen", str(out / "c2i_tiny_64.pt"), vq=str(out / "vq_tiny.pt"),
+                      image_size=GRID * 16, n_head=4,
+                      vq_config={**VQ_CFG, "base_channels": 64})
