@@ -8,3 +8,20 @@ torch.set_num_threads(2)
 def tiny():
     import speculaas as sp
     return sp.load_model("tiny", vocab_size=12, grid=(3, 5), seed=0)
+
+
+def check_rollback(model, prompt, sequence, vocab, cfg=True, split=5, atol=1e-4):
+    """Feed junk windows between two real ones: after the cache rolls back by position, the
+    logits equal a fresh forward pass over the committed prefix (to `atol`)."""
+    g = torch.Generator().manual_seed(0)
+    prev = torch.cat([torch.zeros(1, 1, dtype=torch.long), sequence[None, :-1]], 1)
+    one, at = torch.tensor([0]), lambda n: torch.tensor([n])
+    session = model.start([prompt], cfg=cfg)
+    session.forward(torch.randint(vocab, (1, 7), generator=g), at(0), one)
+    c1, u1 = session.forward(prev[:, : split + 1], at(0), one)
+    session.forward(torch.randint(vocab, (1, 6), generator=g), at(split), one)
+    c2, u2 = session.forward(prev[:, split:], at(split), one)
+    c, u = model.start([prompt], cfg=cfg).forward(prev, at(0), one)
+    assert torch.allclose(torch.cat([c1[:, :split], c2], 1), c, atol=atol)
+    if cfg:
+        assert torch.allclose(torch.cat([u1[:, :split], u2], 1), u, atol=atol)

@@ -75,6 +75,13 @@ def test_forced_end_of_line_and_pixels(lumina):
     assert out.images[0].size == (2 * W, 2 * H)  # one upsampling level in the tiny VQGAN
 
 
+def test_cache_rollback_matches_fresh_pass(lumina):
+    from conftest import check_rollback
+
+    out = sp.generate(lumina, [PROMPTS[1]], method="csd", seed=2, decode_images=False)
+    check_rollback(lumina, PROMPTS[1], out.sequence[0], lumina.vocab_size)
+
+
 def test_unconditional_context_starts_at_image_start(lumina):
     """The padded, masked unconditional row scores like a context of [BOI, H, W] alone."""
     session = lumina.start([PROMPTS[0]], cfg=True)

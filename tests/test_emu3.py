@@ -64,7 +64,14 @@ def test_end_of_line_is_forced_where_the_layout_says(emu3):
     free[W :: W + 1] = False
     assert (bpe[:, free] != EOL).all()
     assert out.tokens.shape == (2, H * W) and (out.tokens < CODEBOOK).all()
-    assert len(out.images) == 2 and out.images[0].size[0] > 0
+    assert [im.size for im in out.images] == [(2 * W, 2 * H)] * 2  # one upsampling level
+
+
+def test_cache_rollback_matches_fresh_pass(emu3):
+    from conftest import check_rollback
+
+    out = sp.generate(emu3, [PROMPTS[0]], method="csd", seed=2, decode_images=False)
+    check_rollback(emu3, PROMPTS[0], out.sequence[0], emu3.vocab_size)
 
 
 def test_ar_matches_transformers_constrained_generation(emu3):
