@@ -13,13 +13,40 @@ RULE_FLAGS = {  # flag -> option name of the acceptance rules
 
 
 def _parse_prompt(model_name: str, text: str):  # noqa: ANN202
+    """'none' -> None; 'ids:1,2,3' -> token ids; a digit string -> class id (tiny, llamagen
+    c2i); 'FILE.pt' -> a tensor (LlamaGen t2i caption embeddings); anything else -> text."""
     if text.lower() == "none":
         return None
-    if model_name == "tiny":
-        if not text.isdigit():
-            raise ValueError(f"the tiny model takes class ids as prompts, got {text!r}")
+    if text.startswith("ids:"):
+        try:
+            return [int(t) for t in text[4:].split(",") if t.strip()]
+        except ValueError:
+            raise ValueError(f"bad token ids in {text!r}; use ids:1,2,3") from None
+    if text.endswith(".pt") and Path(text).is_file():
+        import torch
+
+        return torch.load(text, map_location="cpu", weights_only=True)
+    if model_name in ("tiny", "llamagen") and text.isdigit():
         return int(text)
+    if model_name == "tiny":
+        raise ValueError(f"the tiny model takes class ids as prompts, got {text!r}")
     return text
+
+
+def _model_options(args: argparse.Namespace) -> dict:
+    opts = {"device": args.device}
+    if args.dtype:
+        opts["dtype"] = args.dtype
+    for item in args.model_opt:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"bad --model-opt {item!r}; use KEY=VALUE")
+        if value.isdigit():
+            value = int(value)
+        elif "," in value and all(v.strip().isdigit() for v in value.split(",")):
+            value = tuple(int(v) for v in value.split(","))
+        opts[key] = value
+    return opts
 
 
 def _rule_options(args: argparse.Namespace) -> dict:
@@ -33,6 +60,9 @@ def add_decoding_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="builtin", help="builtin (default), tiny")
     p.add_argument("--weights", default=None, help="local weights folder or hub name")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None, help="e.g. bfloat16 for real checkpoints on a GPU")
+    p.add_argument("--model-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="adapter option, e.g. vq=vq_ds16_c2i.pt, image_size=384, grid=48,48")
     p.add_argument("--window", type=int, default=16)
     p.add_argument("--temperature", type=float, default=None)
     p.add_argument("--top-k", type=int, default=None, help="0 switches top-k off")
@@ -49,7 +79,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     import speculaas as sp
     from speculaas.bench.maps import acceptance_figure
 
-    model = sp.load_model(args.model, args.weights, device=args.device)
+    model = sp.load_model(args.model, args.weights, **_model_options(args))
     prompts = [_parse_prompt(args.model, p) for p in args.prompt] * args.num_images
     out = sp.generate(model, prompts, method=args.method, seed=args.seed, window=args.window,
                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -81,7 +111,9 @@ def cmd_bench(args: argparse.Namespace) -> None:
     cfg = BenchConfig(model=args.model, weights=args.weights, device=args.device,
                       prompts=args.prompts, limit=args.limit or None, seeds=args.seeds,
                       variants=variants, window=args.window, out=Path(args.out),
-                      resume=args.resume, maps=args.maps)
+                      resume=args.resume, maps=args.maps,
+                      model_options={k: v for k, v in _model_options(args).items()
+                                     if k != "device"})
     summary = run(cfg)
     if summary is not None:
         print(summary["table"])
@@ -96,7 +128,8 @@ def main(argv: list[str] | None = None) -> None:
 
     g = sub.add_parser("generate", help="generate images and their acceptance maps")
     g.add_argument("--prompt", action="append", required=True,
-                   help="caption (builtin), class id (tiny) or 'none'; repeat for several")
+                   help="caption, class id, ids:1,2,3 (token ids), FILE.pt (caption "
+                        "embeddings) or 'none'; repeat for several")
     g.add_argument("--num-images", type=int, default=1, help="images per prompt")
     g.add_argument("--method", default="csd", choices=sp.METHODS)
     g.add_argument("--seed", type=int, default=0)
@@ -119,6 +152,8 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--model", default="builtin")
     b.add_argument("--weights", default=None)
     b.add_argument("--device", default="cpu")
+    b.add_argument("--dtype", default=None)
+    b.add_argument("--model-opt", action="append", default=[], metavar="KEY=VALUE")
     b.add_argument("--window", type=int, default=16)
 
     d = sub.add_parser("demo", help="serve the local web demo")

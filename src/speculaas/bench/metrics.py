@@ -6,6 +6,8 @@ FID/KID through torchmetrics with the judge's features in place of Inception.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -61,8 +63,10 @@ def feature_distances(judge, real: list, fake: list) -> dict[str, float]:  # noq
     r, f = images_to_tensor(real), images_to_tensor(fake)
     fid = FrechetInceptionDistance(feature=judge, normalize=True, input_img_size=(3, 64, 64))
     subset = min(50, len(r), len(f))
-    kid = KernelInceptionDistance(feature=judge, normalize=True, subset_size=subset,
-                                  subsets=20)
+    with warnings.catch_warnings():  # KID keeps features in memory: a few hundred here
+        warnings.simplefilter("ignore", UserWarning)
+        kid = KernelInceptionDistance(feature=judge, normalize=True, subset_size=subset,
+                                      subsets=20)
     with torch.no_grad():
         for metric in (fid, kid):
             metric.update(r, real=True)

@@ -90,6 +90,7 @@ class BenchConfig:
     resume: bool = False
     maps: int = 3
     warmup: bool = True
+    model_options: dict = field(default_factory=dict)  # e.g. dtype, vq=, grid= for adapters
 
 
 def _key(variant: str, prompt_index: int, seed: int) -> str:
@@ -125,8 +126,8 @@ def run(cfg: BenchConfig) -> dict | None:
 
     state = PartialState(cpu=not torch.cuda.is_available())
     cfg.out.mkdir(parents=True, exist_ok=True)
-    model = load_model(cfg.model, cfg.weights, device=cfg.device if state.num_processes == 1
-                       or cfg.device == "cpu" else state.device)
+    device = cfg.device if state.num_processes == 1 or cfg.device == "cpu" else state.device
+    model = load_model(cfg.model, cfg.weights, device=device, **cfg.model_options)
     prompts = load_prompts(cfg.prompts, cfg.limit, cfg.model)
     # Interleave: every variant runs on a (prompt, seed) before the next pair starts, so machine
     # drift affects all methods alike.
