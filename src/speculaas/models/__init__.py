@@ -1,81 +1,46 @@
-"""Model adapters by name: `load_model("builtin")`, `load_model("tiny", vocab_size=8, ...)`."""
+"""Model adapters by name: `load_model("builtin")`, `load_model("tiny", vocab_size=8, ...)`,
+`load_model("janus", "deepseek-community/Janus-Pro-7B", device="cuda", dtype="bfloat16")`."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 
 from .base import ImageModel, Layout, Session
 
-
-def _builtin(path=None, **kw):  # noqa: ANN001, ANN202
-    from .builtin.model import BuiltinModel
-    return BuiltinModel(path, **kw)
-
-
-def _tiny(**kw):  # noqa: ANN202
-    from .tiny import TinyModel
-    return TinyModel(**kw)
-
-
-def _toy(**kw):  # noqa: ANN202
-    from .tiny import ToyModel
-    return ToyModel(**kw)
-
-
-def _janus(path=None, **kw):  # noqa: ANN001, ANN202
-    if path is None:
-        raise ValueError("janus needs a checkpoint: a local folder or a hub name such as "
-                         "deepseek-community/Janus-Pro-1B")
-    from .janus import JanusModel
-    return JanusModel(path, **kw)
-
-
-def _emu3(path=None, **kw):  # noqa: ANN001, ANN202
-    if path is None:
-        raise ValueError("emu3 needs a checkpoint: a local folder or a hub name such as "
-                         "Emu3-community/Emu3-Gen-hf")
-    from .emu3 import Emu3Model
-    return Emu3Model(path, **kw)
-
-
-def _chameleon(path=None, **kw):  # noqa: ANN001, ANN202
-    if path is None:
-        raise ValueError("lumina-mgpt needs a checkpoint: a local folder or a hub name such as "
-                         "Alpha-VLLM/Lumina-mGPT-7B-768 (in transformers' Chameleon format)")
-    from .chameleon import ChameleonModel
-    return ChameleonModel(path, **kw)
-
-
-def _llamagen(path=None, **kw):  # noqa: ANN001, ANN202
-    if path is None:
-        raise ValueError("llamagen needs a GPT checkpoint path such as c2i_L_256.pt "
-                         "(and vq='vq_ds16_c2i.pt' for pixels)")
-    from .llamagen import LlamaGenModel
-    return LlamaGenModel(path, **kw)
-
-
-MODELS = {"builtin": _builtin, "tiny": _tiny, "toy": _toy, "janus": _janus, "emu3": _emu3,
-          "lumina-mgpt": _chameleon, "chameleon": _chameleon, "anole": _chameleon,
-          "llamagen": _llamagen}
+# name -> (module, class, what a checkpoint path looks like; None: the model takes no path)
+MODELS: dict[str, tuple[str, str, str | None]] = {
+    "builtin": ("builtin.model", "BuiltinModel", "optional: a folder with builtin.safetensors"),
+    "tiny": ("tiny", "TinyModel", None),
+    "toy": ("tiny", "ToyModel", None),
+    "janus": ("janus", "JanusModel", "a local folder or a hub name such as "
+              "deepseek-community/Janus-Pro-1B"),
+    "emu3": ("emu3", "Emu3Model", "a local folder or a hub name such as "
+             "Emu3-community/Emu3-Gen-hf"),
+    "lumina-mgpt": ("chameleon", "ChameleonModel", "a Chameleon-format folder such as "
+                    "Lumina-mGPT-7B-768 (pixels: vqgan=DIR)"),
+    "llamagen": ("llamagen", "LlamaGenModel", "a GPT checkpoint such as c2i_L_256.pt "
+                 "(pixels: vq=vq_ds16_c2i.pt)"),
+}
+MODELS["chameleon"] = MODELS["anole"] = MODELS["lumina-mgpt"]
 
 
 def load_model(name: str, path: str | None = None, **kwargs) -> ImageModel:
-    """Load a model adapter by name. `path` is a local weights folder or hub name where the
-    family takes one; keyword options go to the adapter (e.g. `device=`)."""
+    """Load a model adapter by name. `path` is a local weights folder/file or hub name where the
+    family takes one; keyword options go to the adapter (e.g. `device=`, `dtype=`)."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; valid: {sorted(MODELS)}")
-    if path is not None:
-        if name in ("tiny", "toy"):
-            raise ValueError(f"the {name} model has random weights and takes no path")
-        kwargs["path"] = path
-    try:
-        return MODELS[name](**kwargs)
-    except TypeError as e:
-        from .tiny import TinyModel, ToyModel
-        cls = {"tiny": TinyModel, "toy": ToyModel}.get(name)
-        valid = ([p for p in inspect.signature(cls.__init__).parameters if p != "self"] if cls
-                 else ["path", "device"])
-        raise ValueError(f"bad option for model {name!r}: {e}; valid: {valid}") from None
+    module, cls_name, hint = MODELS[name]
+    if hint is None and path is not None:
+        raise ValueError(f"the {name} model has random weights and takes no path")
+    if hint is not None and path is None and name != "builtin":
+        raise ValueError(f"{name} needs a checkpoint: {hint}")
+    cls = getattr(importlib.import_module(f".{module}", __name__), cls_name)
+    params = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+    unknown = sorted(set(kwargs) - set(params))
+    if unknown:
+        raise ValueError(f"bad option(s) {unknown} for model {name!r}; valid: {params}")
+    return cls(path, **kwargs) if hint is not None else cls(**kwargs)
 
 
 __all__ = ["ImageModel", "Layout", "Session", "MODELS", "load_model"]
