@@ -175,6 +175,7 @@ def train(cfg: TrainConfig, out: Path) -> Path:
     torch.set_num_threads(cfg.threads)
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
     log: dict = {}
+    revision = _git_revision()  # of the code that trains, not of whatever HEAD is at the end
     t0 = time.time()
     vq = train_vq(cfg, out, log)
     log["vq_seconds"] = round(time.time() - t0, 1)
@@ -193,7 +194,7 @@ def train(cfg: TrainConfig, out: Path) -> Path:
         "vq_config": vqlib.VQ_KWARGS,
         "final": log,
         "total_seconds": round(time.time() - t0, 1),
-        "git_revision": _git_revision(),
+        "git_revision": revision,
         "torch": torch.__version__,
     }
     (out / "training.json").write_text(json.dumps(record, indent=2))
