@@ -7,7 +7,6 @@ no request can take the server down or run for minutes, and any bad value comes 
 readable message.
 """
 
-from __future__ import annotations
 
 import base64
 import io
