@@ -128,5 +128,5 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
         forward_passes=res.forward_passes.cpu(), commit_step=grid(res.commit_step),
         drafted=grid(res.drafted), entropy=grid(res.entropy), accept_hist=res.accept_hist.cpu(),
         latency_s=latency, rule_seconds=res.rule_seconds,
-        options={"window": window, **options, **{k: v for k, v in vars(sampling).items()}},
+        options={"window": window, **options, **vars(sampling)},
         sequence=res.tokens.cpu())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 RULE_FLAGS = {  # flag -> option name of the acceptance rules
@@ -74,8 +73,6 @@ def add_decoding_flags(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
-    import torch
-
     import speculaas as sp
     from speculaas.bench.maps import acceptance_figure
 
@@ -99,8 +96,6 @@ def cmd_generate(args: argparse.Namespace) -> None:
         print(f"{p}: {int(out.forward_passes[i])} forward passes for {n} tokens, "
               f"step compression {float(out.step_compression[i]):.2f}x")
     print(f"latency {out.latency_s:.2f} s for {len(prompts)} image(s); map: {map_path}")
-    if not torch.isfinite(out.entropy).all():
-        sys.exit("non-finite entropy in the output")
 
 
 def cmd_bench(args: argparse.Namespace) -> None:

@@ -1,0 +1,29 @@
+"""The command line: generate writes the image(s) and the acceptance map; errors are one line."""
+
+import subprocess
+import sys
+
+from PIL import Image
+
+CLI = [sys.executable, "-m", "speculaas.cli"]
+
+
+def test_generate_writes_images_and_map(tmp_path):
+    out = tmp_path / "img.png"
+    res = subprocess.run(CLI + ["generate", "--model", "tiny", "--prompt", "3", "--prompt", "5",
+                                "--num-images", "2", "--method", "csd", "--delta", "0.8",
+                                "--out", str(out)], capture_output=True, text=True, check=True)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["img-0.png", "img-1.png", "img-2.png", "img-3.png", "img.map.png"]
+    assert Image.open(tmp_path / "img-0.png").size == (4 * 4 * 8, 4 * 4 * 8)
+    assert "forward passes for 16 tokens" in res.stdout and "latency" in res.stdout
+
+
+def test_bad_flags_give_one_line_errors(tmp_path):
+    res = subprocess.run(CLI + ["generate", "--model", "tiny", "--prompt", "3", "--delta", "2",
+                                "--out", str(tmp_path / "x.png")], capture_output=True, text=True)
+    assert res.returncode == 2
+    assert res.stderr.strip() == "speculaas: error: delta must be in [0, 1], got 2.0"
+    res = subprocess.run(CLI + ["generate", "--model", "tiny", "--prompt", "cat",
+                                "--out", str(tmp_path / "x.png")], capture_output=True, text=True)
+    assert res.returncode == 2 and "class ids" in res.stderr and "Traceback" not in res.stderr
