@@ -14,8 +14,9 @@ from speculaas.models.transformer import Decoder, DecoderConfig
 def test_greedy_equals_ar(tiny, window, cfg_scale, method):
     prompts = [3, None, 7]
     ar = sp.generate(tiny, prompts, method="ar", top_k=1, cfg_scale=cfg_scale, seed=5)
-    out = sp.generate(tiny, prompts, method=method, top_k=1, cfg_scale=cfg_scale, seed=9,
-                      window=window)
+    out = sp.generate(
+        tiny, prompts, method=method, top_k=1, cfg_scale=cfg_scale, seed=9, window=window
+    )
     assert torch.equal(out.tokens, ar.tokens)
     assert (out.forward_passes <= ar.forward_passes).all()
     if window == 1:
@@ -47,8 +48,9 @@ def test_forced_row_end_tokens_are_committed_without_test():
 
 def test_cache_rollback_matches_fresh_forward():
     torch.manual_seed(0)
-    dec = Decoder(DecoderConfig(vocab_in=20, vocab_out=20, d_model=32, n_layers=2, n_heads=4,
-                                max_len=40)).eval()
+    dec = Decoder(
+        DecoderConfig(vocab_in=20, vocab_out=20, d_model=32, n_layers=2, n_heads=4, max_len=40)
+    ).eval()
     seq = torch.randint(20, (2, 30))
     full = dec(seq)
     cache = dec.new_cache(2)
@@ -57,11 +59,17 @@ def test_cache_rollback_matches_fresh_forward():
     with torch.no_grad():
         dec.forward_cached(seq[:, :10], pos, cache, rows)
         # write a wrong window at 10..17, then "roll back" by rewriting from 10
-        dec.forward_cached(torch.randint(20, (2, 8)), torch.arange(10, 18).expand(2, -1), cache, rows)
+        dec.forward_cached(
+            torch.randint(20, (2, 8)), torch.arange(10, 18).expand(2, -1), cache, rows
+        )
         got = dec.forward_cached(seq[:, 10:14], torch.arange(10, 14).expand(2, -1), cache, rows)
         # rows at different lengths in one call
-        mixed = dec.forward_cached(torch.stack([seq[0, 14:17], seq[1, 12:15]]),
-                                   torch.tensor([[14, 15, 16], [12, 13, 14]]), cache, rows)
+        mixed = dec.forward_cached(
+            torch.stack([seq[0, 14:17], seq[1, 12:15]]),
+            torch.tensor([[14, 15, 16], [12, 13, 14]]),
+            cache,
+            rows,
+        )
     assert torch.allclose(got, full[:, 10:14], atol=1e-5)
     assert torch.allclose(mixed[0], full[0, 14:17], atol=1e-5)
     assert torch.allclose(mixed[1], full[1, 12:15], atol=1e-5)
@@ -75,8 +83,15 @@ def test_same_seed_same_tokens_different_seed_different(tiny):
     assert not torch.equal(a.tokens, c.tokens)
 
 
-@pytest.mark.parametrize("name,opts", [("csd", {"lam": 0.0}), ("csd", {"delta": 0.0}),
-                                       ("addition", {"eps": 0.0}), ("amplify", {"k": 1.0})])
+@pytest.mark.parametrize(
+    "name,opts",
+    [
+        ("csd", {"lam": 0.0}),
+        ("csd", {"delta": 0.0}),
+        ("addition", {"eps": 0.0}),
+        ("amplify", {"k": 1.0}),
+    ],
+)
 def test_zero_relaxation_generates_what_sjd_generates(tiny, name, opts):
     ref = sp.generate(tiny, [1, 4, None], method="sjd", seed=3, cfg_scale=2.0)
     out = sp.generate(tiny, [1, 4, None], method=name, seed=3, cfg_scale=2.0, **opts)

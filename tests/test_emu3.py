@@ -7,8 +7,16 @@ import torch
 import speculaas as sp
 
 CODEBOOK, TEXT, H, W = 64, 100, 3, 4
-SPECIAL = ["<image>", "<|extra_200|>", "<|image start|>", "<|image end|>", "<|extra_201|>",
-           "<eos>", "<pad>", "<bos>"]
+SPECIAL = [
+    "<image>",
+    "<|extra_200|>",
+    "<|image start|>",
+    "<|image end|>",
+    "<|extra_201|>",
+    "<eos>",
+    "<pad>",
+    "<bos>",
+]
 IDS = {s: TEXT + j for j, s in enumerate(SPECIAL)}
 EOL, BOI, PAD, BOS = IDS["<|extra_200|>"], IDS["<|image start|>"], IDS["<pad>"], IDS["<bos>"]
 
@@ -22,15 +30,31 @@ def emu3_dir(tmp_path_factory):
     vocab |= {f"<|visual token {i:06d}|>": TEXT + len(SPECIAL) + i for i in range(CODEBOOK)}
     torch.manual_seed(0)
     cfg = Emu3Config(
-        text_config=Emu3TextConfig(vocab_size=len(vocab), hidden_size=64, intermediate_size=128,
-                                   num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, pad_token_id=PAD, bos_token_id=BOS,
-                                   eos_token_id=IDS["<eos>"]),
-        vq_config=Emu3VQVAEConfig(codebook_size=CODEBOOK, embed_dim=4, latent_channels=4,
-                                  base_channels=32, channel_multiplier=[1, 2], num_res_blocks=1,
-                                  attn_resolutions=[], hidden_size=64, num_attention_heads=1,
-                                  temporal_downsample_factor=4),
-        vocabulary_map=vocab)
+        text_config=Emu3TextConfig(
+            vocab_size=len(vocab),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            pad_token_id=PAD,
+            bos_token_id=BOS,
+            eos_token_id=IDS["<eos>"],
+        ),
+        vq_config=Emu3VQVAEConfig(
+            codebook_size=CODEBOOK,
+            embed_dim=4,
+            latent_channels=4,
+            base_channels=32,
+            channel_multiplier=[1, 2],
+            num_res_blocks=1,
+            attn_resolutions=[],
+            hidden_size=64,
+            num_attention_heads=1,
+            temporal_downsample_factor=4,
+        ),
+        vocabulary_map=vocab,
+    )
     model = Emu3ForConditionalGeneration(cfg).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(30)  # peaked logits: greedy decoding far from ties
@@ -44,15 +68,19 @@ def emu3(emu3_dir):
     return sp.load_model("emu3", str(emu3_dir), grid=(H, W))
 
 
-PROMPTS = [[BOS, 5, 6, 7, BOI, 20, 21, 22, IDS["<image>"]], [BOS, 9, BOI, 20, 21, 22, IDS["<image>"]]]
+PROMPTS = [
+    [BOS, 5, 6, 7, BOI, 20, 21, 22, IDS["<image>"]],
+    [BOS, 9, BOI, 20, 21, 22, IDS["<image>"]],
+]
 
 
 @pytest.mark.parametrize("window", [1, 4, 16])
 def test_greedy_speculative_equals_greedy_ar(emu3, window):
     ar = sp.generate(emu3, PROMPTS, method="ar", top_k=1, decode_images=False)
     for method in ("sjd", "csd"):
-        out = sp.generate(emu3, PROMPTS, method=method, top_k=1, window=window, seed=1,
-                          decode_images=False)
+        out = sp.generate(
+            emu3, PROMPTS, method=method, top_k=1, window=window, seed=1, decode_images=False
+        )
         assert torch.equal(out.sequence, ar.sequence), method
 
 
@@ -82,12 +110,17 @@ def test_ar_matches_transformers_constrained_generation(emu3):
         off = input_ids.shape[0] - prompt.shape[1]
         return [EOL] if off % (W + 1) == W else visual
 
-    ours = sp.generate(emu3, [PROMPTS[0]], method="ar", top_k=1, cfg_scale=3.0,
-                       decode_images=False)
-    theirs = emu3.hf.generate(prompt, attention_mask=torch.ones_like(prompt),
-                              max_new_tokens=H * (W + 1), do_sample=False,
-                              prefix_allowed_tokens_fn=allowed, guidance_scale=3.0,
-                              negative_prompt_ids=emu3.unconditional(prompt[0])[None],
-                              negative_prompt_attention_mask=torch.ones_like(prompt),
-                              pad_token_id=PAD, eos_token_id=IDS["<eos>"])
-    assert torch.equal(emu3.index_to_bpe[ours.sequence[0]], theirs[0, prompt.shape[1]:])
+    ours = sp.generate(emu3, [PROMPTS[0]], method="ar", top_k=1, cfg_scale=3.0, decode_images=False)
+    theirs = emu3.hf.generate(
+        prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=H * (W + 1),
+        do_sample=False,
+        prefix_allowed_tokens_fn=allowed,
+        guidance_scale=3.0,
+        negative_prompt_ids=emu3.unconditional(prompt[0])[None],
+        negative_prompt_attention_mask=torch.ones_like(prompt),
+        pad_token_id=PAD,
+        eos_token_id=IDS["<eos>"],
+    )
+    assert torch.equal(emu3.index_to_bpe[ours.sequence[0]], theirs[0, prompt.shape[1] :])

@@ -17,8 +17,9 @@ def test_acceptance_ratio_and_sjd():
     ratio = Fn.acceptance_ratio(TOKENS, DRAFT, TARGET)
     assert torch.allclose(ratio, torch.tensor([[0.5, 0.15]]))
     rule = sp.acceptance.get("sjd")
-    assert torch.allclose(rule.acceptance_probs(torch.tensor([[1, 0]]), DRAFT, TARGET),
-                          torch.tensor([[1.0, 1.0]]))  # ratios 2 and 2.7 are clipped at 1
+    assert torch.allclose(
+        rule.acceptance_probs(torch.tensor([[1, 0]]), DRAFT, TARGET), torch.tensor([[1.0, 1.0]])
+    )  # ratios 2 and 2.7 are clipped at 1
 
 
 def test_residual_and_all_zero_guard():
@@ -48,8 +49,10 @@ def test_csd_formula_filter_on_and_off():
     h1 = -(0.9 * math.log(0.9) + 2 * 0.05 * math.log(0.05))
     got = sp.acceptance.get("csd", lam=0.1, delta=0.9).acceptance_probs(TOKENS, DRAFT, TARGET)
     assert torch.allclose(got, torch.tensor([[0.5 + 0.1 * h0, 0.15 + 0.1 * h1]]))
-    assert torch.allclose(sp.acceptance.get("csd", lam=5.0, delta=0.9)
-                          .acceptance_probs(TOKENS, DRAFT, TARGET), torch.ones(1, 2))
+    assert torch.allclose(
+        sp.acceptance.get("csd", lam=5.0, delta=0.9).acceptance_probs(TOKENS, DRAFT, TARGET),
+        torch.ones(1, 2),
+    )
 
 
 def test_csd_kl_filters():
@@ -64,10 +67,14 @@ def test_csd_kl_filters():
 
 
 def test_amplify_and_addition():
-    assert torch.allclose(sp.acceptance.get("amplify", k=1.5).acceptance_probs(TOKENS, DRAFT, TARGET),
-                          torch.tensor([[0.75, 0.225]]))
-    assert torch.allclose(sp.acceptance.get("addition", eps=0.2).acceptance_probs(TOKENS, DRAFT, TARGET),
-                          torch.tensor([[0.7, 0.35]]))
+    assert torch.allclose(
+        sp.acceptance.get("amplify", k=1.5).acceptance_probs(TOKENS, DRAFT, TARGET),
+        torch.tensor([[0.75, 0.225]]),
+    )
+    assert torch.allclose(
+        sp.acceptance.get("addition", eps=0.2).acceptance_probs(TOKENS, DRAFT, TARGET),
+        torch.tensor([[0.7, 0.35]]),
+    )
 
 
 def test_gsd_groups_by_rank_probability_and_embedding():
@@ -82,8 +89,9 @@ def test_gsd_groups_by_rank_probability_and_embedding():
     draft = torch.tensor([[[0.1, 0.5, 0.2, 0.2]]])
     plain = sp.acceptance.get("gsd", group_size=3, prob_threshold=0.15)
     assert torch.allclose(plain.acceptance_probs(x, draft, target), torch.tensor([[0.58 / 0.6]]))
-    rule = sp.acceptance.get("gsd", group_size=3, prob_threshold=0.15, dist_threshold=0.5,
-                             token_embeddings=emb)
+    rule = sp.acceptance.get(
+        "gsd", group_size=3, prob_threshold=0.15, dist_threshold=0.5, token_embeddings=emb
+    )
     assert torch.allclose(rule.acceptance_probs(x, draft, target), torch.tensor([[0.56]]))
     single = sp.acceptance.get("gsd", group_size=1)
     assert torch.allclose(single.acceptance_probs(x, draft, target), torch.tensor([[0.56]]))
@@ -104,8 +112,15 @@ def test_lantern_borrows_neighbour_mass_within_budget():
     assert torch.allclose(zero.acceptance_probs(x, draft, target), torch.tensor([[0.2]]))
 
 
-@pytest.mark.parametrize("name,opts", [("csd", {"lam": 0.0}), ("csd", {"delta": 0.0}),
-                                       ("addition", {"eps": 0.0}), ("amplify", {"k": 1.0})])
+@pytest.mark.parametrize(
+    "name,opts",
+    [
+        ("csd", {"lam": 0.0}),
+        ("csd", {"delta": 0.0}),
+        ("addition", {"eps": 0.0}),
+        ("amplify", {"k": 1.0}),
+    ],
+)
 def test_zero_relaxation_equals_sjd_exactly(name, opts):
     gen = torch.Generator().manual_seed(0)
     draft = torch.rand(4, 6, 9, generator=gen).softmax(-1)

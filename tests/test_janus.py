@@ -10,28 +10,57 @@ BOI, PAD, BOS = 5, 0, 1
 
 @pytest.fixture(scope="module")
 def janus_dir(tmp_path_factory):
-    from transformers import GenerationConfig, JanusConfig, JanusForConditionalGeneration, LlamaConfig
+    from transformers import (
+        GenerationConfig,
+        JanusConfig,
+        JanusForConditionalGeneration,
+        LlamaConfig,
+    )
     from transformers.models.janus.configuration_janus import JanusVisionConfig, JanusVQVAEConfig
 
     torch.manual_seed(0)
     cfg = JanusConfig(
-        text_config=LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128,
-                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                max_position_embeddings=512, pad_token_id=PAD, bos_token_id=BOS,
-                                eos_token_id=2),
-        vision_config=JanusVisionConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                        image_size=24, patch_size=4, projection_dim=64, depth=1,
-                                        num_image_tokens=36),
-        vq_config=JanusVQVAEConfig(embed_dim=8, num_embeddings=64, latent_channels=32,
-                                   base_channels=32, channel_multiplier=[1, 2], num_res_blocks=1,
-                                   projection_dim=64, image_token_embed_dim=64,
-                                   num_hidden_layers=2),
-        image_token_id=3)
+        text_config=LlamaConfig(
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            pad_token_id=PAD,
+            bos_token_id=BOS,
+            eos_token_id=2,
+        ),
+        vision_config=JanusVisionConfig(
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=24,
+            patch_size=4,
+            projection_dim=64,
+            depth=1,
+            num_image_tokens=36,
+        ),
+        vq_config=JanusVQVAEConfig(
+            embed_dim=8,
+            num_embeddings=64,
+            latent_channels=32,
+            base_channels=32,
+            channel_multiplier=[1, 2],
+            num_res_blocks=1,
+            projection_dim=64,
+            image_token_embed_dim=64,
+            num_hidden_layers=2,
+        ),
+        image_token_id=3,
+    )
     model = JanusForConditionalGeneration(cfg).eval()
     with torch.no_grad():  # peaked logits, so greedy decoding is far from ties
         model.model.generation_head.vision_head.weight.mul_(20)
-    model.generation_config = GenerationConfig(pad_token_id=PAD, bos_token_id=BOS, eos_token_id=2,
-                                               generation_kwargs={"boi_token_id": BOI})
+    model.generation_config = GenerationConfig(
+        pad_token_id=PAD, bos_token_id=BOS, eos_token_id=2, generation_kwargs={"boi_token_id": BOI}
+    )
     out = tmp_path_factory.mktemp("janus")
     model.save_pretrained(out)
     return out
@@ -49,8 +78,9 @@ PROMPTS = [[BOS, 40, 41, 42, BOI], [BOS, 77, 78, BOI]]
 @pytest.mark.parametrize("method", ["sjd", "csd"])
 def test_greedy_speculative_equals_greedy_ar_with_cfg(janus, window, method):
     ar = sp.generate(janus, PROMPTS, method="ar", top_k=1, decode_images=False)
-    out = sp.generate(janus, PROMPTS, method=method, top_k=1, window=window, seed=3,
-                      decode_images=False)
+    out = sp.generate(
+        janus, PROMPTS, method=method, top_k=1, window=window, seed=3, decode_images=False
+    )
     assert torch.equal(out.tokens, ar.tokens)
 
 
@@ -59,11 +89,21 @@ def test_ar_matches_transformers_image_generation(janus):
 
     ours = sp.generate(janus, [PROMPTS[0]], method="ar", top_k=1, decode_images=False)
     prompt = torch.tensor([PROMPTS[0]])
-    gc = GenerationConfig(max_new_tokens=36, do_sample=False, pad_token_id=PAD, bos_token_id=BOS,
-                          eos_token_id=2, guidance_scale=5.0,
-                          generation_kwargs={"boi_token_id": BOI})
-    theirs = janus.hf.generate(prompt, attention_mask=torch.ones_like(prompt),
-                               generation_config=gc, generation_mode="image")
+    gc = GenerationConfig(
+        max_new_tokens=36,
+        do_sample=False,
+        pad_token_id=PAD,
+        bos_token_id=BOS,
+        eos_token_id=2,
+        guidance_scale=5.0,
+        generation_kwargs={"boi_token_id": BOI},
+    )
+    theirs = janus.hf.generate(
+        prompt,
+        attention_mask=torch.ones_like(prompt),
+        generation_config=gc,
+        generation_mode="image",
+    )
     assert torch.equal(ours.tokens, theirs.cpu())
 
 
@@ -80,8 +120,13 @@ def test_wrong_family_and_missing_files(tmp_path, janus_dir):
         sp.load_model("janus", str(tmp_path))
     from transformers import LlamaConfig
 
-    LlamaConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
-                intermediate_size=8).save_pretrained(tmp_path)
+    LlamaConfig(
+        vocab_size=10,
+        hidden_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=8,
+    ).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="holds a 'llama' model, expected 'janus'"):
         sp.load_model("janus", str(tmp_path))
     with pytest.raises(ValueError, match="janus needs a checkpoint"):

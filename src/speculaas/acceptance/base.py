@@ -10,22 +10,28 @@ import torch
 from . import functional as Fn
 
 
-def check_inputs(draft_tokens: torch.Tensor, draft_probs: torch.Tensor,
-                 target_probs: torch.Tensor) -> None:
+def check_inputs(
+    draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor
+) -> None:
     """Shapes and ranges of a rule's inputs; raises ValueError naming what is wrong."""
     if draft_probs.dim() != 3 or draft_probs.shape != target_probs.shape:
         raise ValueError(
             f"draft_probs and target_probs must both be [batch, window, vocab]; got "
-            f"{tuple(draft_probs.shape)} and {tuple(target_probs.shape)}")
+            f"{tuple(draft_probs.shape)} and {tuple(target_probs.shape)}"
+        )
     if draft_tokens.shape != draft_probs.shape[:2]:
-        raise ValueError(f"draft_tokens must be [batch, window] = {tuple(draft_probs.shape[:2])}, "
-                         f"got {tuple(draft_tokens.shape)}")
+        raise ValueError(
+            f"draft_tokens must be [batch, window] = {tuple(draft_probs.shape[:2])}, "
+            f"got {tuple(draft_tokens.shape)}"
+        )
     if draft_tokens.dtype != torch.long:
         raise ValueError(f"draft_tokens must be int64, got {draft_tokens.dtype}")
     vocab = draft_probs.shape[-1]
     if draft_tokens.numel() and (draft_tokens.min() < 0 or draft_tokens.max() >= vocab):
-        raise ValueError(f"draft_tokens must lie in [0, {vocab}), got values in "
-                         f"[{int(draft_tokens.min())}, {int(draft_tokens.max())}]")
+        raise ValueError(
+            f"draft_tokens must lie in [0, {vocab}), got values in "
+            f"[{int(draft_tokens.min())}, {int(draft_tokens.max())}]"
+        )
     for name, probs in (("draft_probs", draft_probs), ("target_probs", target_probs)):
         if not torch.isfinite(probs).all():
             raise ValueError(f"{name} contains NaN or inf")
@@ -46,25 +52,35 @@ class AcceptanceRule:
     needs: ClassVar[tuple[str, ...]] = ()
     residual_needs_tokens: ClassVar[bool] = False
 
-    def compute_acceptance(self, draft_tokens: torch.Tensor, draft_probs: torch.Tensor,
-                           target_probs: torch.Tensor) -> torch.Tensor:
+    def compute_acceptance(
+        self, draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor
+    ) -> torch.Tensor:
         """The rule's math without input checks (the decoding loop's hot path). -> [B, K]."""
         return Fn.acceptance_ratio(draft_tokens, draft_probs, target_probs).clamp(max=1.0)
 
-    def compute_residual(self, draft_probs: torch.Tensor, target_probs: torch.Tensor,
-                         draft_tokens: torch.Tensor | None = None) -> torch.Tensor:
+    def compute_residual(
+        self,
+        draft_probs: torch.Tensor,
+        target_probs: torch.Tensor,
+        draft_tokens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Resampling distribution without input checks. -> [B, K, V]."""
         return Fn.residual_probs(draft_probs, target_probs)
 
-    def acceptance_probs(self, draft_tokens: torch.Tensor, draft_probs: torch.Tensor,
-                         target_probs: torch.Tensor) -> torch.Tensor:
+    def acceptance_probs(
+        self, draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor
+    ) -> torch.Tensor:
         """draft_tokens [B, K] int64; draft_probs, target_probs [B, K, V] (rows sum to 1)
         -> probability of keeping each draft, [B, K] in [0, 1]. Checks its inputs."""
         check_inputs(draft_tokens, draft_probs, target_probs)
         return self.compute_acceptance(draft_tokens, draft_probs, target_probs)
 
-    def residual_probs(self, draft_probs: torch.Tensor, target_probs: torch.Tensor,
-                       draft_tokens: torch.Tensor | None = None) -> torch.Tensor:
+    def residual_probs(
+        self,
+        draft_probs: torch.Tensor,
+        target_probs: torch.Tensor,
+        draft_tokens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Where to resample after a rejection: [B, K, V] -> [B, K, V], rows sum to 1.
 
         `draft_tokens` [B, K] is needed only by rules whose residual depends on the token
@@ -72,16 +88,23 @@ class AcceptanceRule:
         """
         if draft_tokens is None:
             if self.residual_needs_tokens:
-                raise ValueError(f"{self.name}'s residual depends on the draft token; "
-                                 "pass draft_tokens")
-            draft_tokens = torch.zeros(draft_probs.shape[:2], dtype=torch.long,
-                                       device=draft_probs.device)
+                raise ValueError(
+                    f"{self.name}'s residual depends on the draft token; pass draft_tokens"
+                )
+            draft_tokens = torch.zeros(
+                draft_probs.shape[:2], dtype=torch.long, device=draft_probs.device
+            )
         check_inputs(draft_tokens, draft_probs, target_probs)
         return self.compute_residual(draft_probs, target_probs, draft_tokens)
 
 
 def check_nonnegative(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or value != value
+        or value < 0
+    ):
         raise ValueError(f"{name} must be a number >= 0, got {value!r}")
 
 

@@ -24,7 +24,9 @@ class Amplify(AcceptanceRule):
             raise ValueError(f"amplify k must be >= 1, got {self.k!r}")
 
     def compute_acceptance(self, draft_tokens, draft_probs, target_probs):  # noqa: ANN001, ANN201
-        return (self.k * Fn.acceptance_ratio(draft_tokens, draft_probs, target_probs)).clamp(max=1.0)
+        return (self.k * Fn.acceptance_ratio(draft_tokens, draft_probs, target_probs)).clamp(
+            max=1.0
+        )
 
 
 @dataclass(frozen=True)
@@ -37,4 +39,6 @@ class Addition(AcceptanceRule):
         check_nonnegative("eps", self.eps)
 
     def compute_acceptance(self, draft_tokens, draft_probs, target_probs):  # noqa: ANN001, ANN201
-        return (Fn.acceptance_ratio(draft_tokens, draft_probs, target_probs) + self.eps).clamp(max=1.0)
+        return (Fn.acceptance_ratio(draft_tokens, draft_probs, target_probs) + self.eps).clamp(
+            max=1.0
+        )

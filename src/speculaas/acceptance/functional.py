@@ -19,10 +19,13 @@ def gather_token(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def acceptance_ratio(draft_tokens: torch.Tensor, draft_probs: torch.Tensor,
-                     target_probs: torch.Tensor) -> torch.Tensor:
+def acceptance_ratio(
+    draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor
+) -> torch.Tensor:
     """target(x) / draft(x) for each draft token x, unclipped. -> [B, K]."""
-    return gather_token(target_probs, draft_tokens) / gather_token(draft_probs, draft_tokens).clamp_min(_EPS)
+    return gather_token(target_probs, draft_tokens) / gather_token(
+        draft_probs, draft_tokens
+    ).clamp_min(_EPS)
 
 
 def residual_probs(draft_probs: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:

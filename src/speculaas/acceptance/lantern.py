@@ -53,8 +53,10 @@ class Lantern(AcceptanceRule):
             raise ValueError(f"lantern k must be an integer >= 1, got {self.k!r}")
         check_unit("delta", self.delta)
         if self.codebook is None:
-            raise ValueError("lantern needs the model's codebook (codebook=[vocab, dim]); "
-                             "this model provides none")
+            raise ValueError(
+                "lantern needs the model's codebook (codebook=[vocab, dim]); "
+                "this model provides none"
+            )
         object.__setattr__(self, "_table", neighbour_table(self.codebook, int(self.k)))
 
     def _merge(self, draft_tokens: torch.Tensor, target_probs: torch.Tensor):
@@ -70,11 +72,14 @@ class Lantern(AcceptanceRule):
     def compute_acceptance(self, draft_tokens, draft_probs, target_probs):  # noqa: ANN001, ANN201
         _, mass, merged = self._merge(draft_tokens, target_probs)
         relaxed = Fn.gather_token(target_probs, draft_tokens) + (mass * merged).sum(-1)
-        return (relaxed / Fn.gather_token(draft_probs, draft_tokens).clamp_min(1e-12)).clamp(max=1.0)
+        return (relaxed / Fn.gather_token(draft_probs, draft_tokens).clamp_min(1e-12)).clamp(
+            max=1.0
+        )
 
     def compute_residual(self, draft_probs, target_probs, draft_tokens=None):  # noqa: ANN001, ANN201
         neigh, mass, merged = self._merge(draft_tokens, target_probs)
         relaxed = target_probs.scatter(-1, neigh, torch.where(merged, 0.0, mass))
-        relaxed = relaxed.scatter_add(-1, draft_tokens.unsqueeze(-1),
-                                      (mass * merged).sum(-1, keepdim=True))
+        relaxed = relaxed.scatter_add(
+            -1, draft_tokens.unsqueeze(-1), (mass * merged).sum(-1, keepdim=True)
+        )
         return Fn.residual_probs(draft_probs, relaxed)

@@ -32,10 +32,16 @@ def _sync(device: torch.device) -> None:
 
 
 @torch.inference_mode()
-def jacobi_decode(model: ImageModel, session: Session, rule: AcceptanceRule,
-                  sampling: SamplingConfig, jacobi: JacobiConfig,
-                  generators: list[torch.Generator], progress=None,  # noqa: ANN001
-                  profile: bool = False) -> DecodeResult:
+def jacobi_decode(
+    model: ImageModel,
+    session: Session,
+    rule: AcceptanceRule,
+    sampling: SamplingConfig,
+    jacobi: JacobiConfig,
+    generators: list[torch.Generator],
+    progress=None,  # noqa: ANN001
+    profile: bool = False,
+) -> DecodeResult:
     batch, length = session.batch_size, model.layout.length
     vocab, window, dev = model.vocab_size, jacobi.window, model.device
     slots = torch.arange(window, device=dev)
@@ -70,8 +76,9 @@ def jacobi_decode(model: ImageModel, session: Session, rule: AcceptanceRule,
         pos = na[:, None] + slots[:L]  # [b, L] generated positions of the outputs
         f = forced[pos]
         fresh = slots[:K] >= n_recycled[act, None]
-        d = torch.where(fresh, (u_fresh[:, :K] * vocab).long().clamp_(max=vocab - 1),
-                        drafts[act, :K])
+        d = torch.where(
+            fresh, (u_fresh[:, :K] * vocab).long().clamp_(max=vocab - 1), drafts[act, :K]
+        )
         dp = draft_probs[act, :K]
         if jacobi.draft_init == "uniform":
             dp = torch.where(fresh[..., None], torch.full_like(dp, 1.0 / vocab), dp)
@@ -96,8 +103,9 @@ def jacobi_decode(model: ImageModel, session: Session, rule: AcceptanceRule,
             ok &= slots[:K] < (outputs - 1)[:, None]
             acc = first_rejection(ok)
             at = acc.clamp(max=K - 1)
-            residual = rule.compute_residual(dp[rows, at][:, None], q[rows, at][:, None],
-                                             d[rows, at][:, None])[:, 0]
+            residual = rule.compute_residual(
+                dp[rows, at][:, None], q[rows, at][:, None], d[rows, at][:, None]
+            )[:, 0]
         else:
             acc = torch.zeros(b, dtype=torch.long, device=dev)
         if profile:
@@ -114,7 +122,9 @@ def jacobi_decode(model: ImageModel, session: Session, rule: AcceptanceRule,
         # target's sample with q as its distribution (j > a).
         j = slots[:L]
         d_pad = torch.cat([d, y[:, K:]], 1)
-        out_tok = torch.where(j < acc[:, None], d_pad, torch.where(j == acc[:, None], extra[:, None], y))
+        out_tok = torch.where(
+            j < acc[:, None], d_pad, torch.where(j == acc[:, None], extra[:, None], y)
+        )
         if jacobi.advance == "batch_min":
             # Reference-code behaviour: everyone commits as many as the worst image; the others'
             # accepted drafts are recycled with their old draft distribution and tested again.
@@ -141,10 +151,16 @@ def jacobi_decode(model: ImageModel, session: Session, rule: AcceptanceRule,
         if progress is not None:
             progress.update(int((limit + 1).clamp(max=length - na).sum()))
 
-    return DecodeResult(tokens=seq[:, :length], forward_passes=forward_passes,
-                        commit_step=commit_step[:, :length], drafted=drafted[:, :length],
-                        entropy=ent[:, :length], accept_hist=hist, iterations=it,
-                        rule_seconds=rule_seconds)
+    return DecodeResult(
+        tokens=seq[:, :length],
+        forward_passes=forward_passes,
+        commit_step=commit_step[:, :length],
+        drafted=drafted[:, :length],
+        entropy=ent[:, :length],
+        accept_hist=hist,
+        iterations=it,
+        rule_seconds=rule_seconds,
+    )
 
 
 def _onehot(tokens: torch.Tensor, vocab: int, dtype: torch.dtype) -> torch.Tensor:

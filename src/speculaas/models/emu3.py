@@ -27,8 +27,13 @@ DEFAULTS = SamplingConfig(temperature=1.0, top_k=2048, top_p=None, cfg_scale=3.0
 class Emu3Model(ImageModel):
     name = "emu3"
 
-    def __init__(self, path: str, device: str | torch.device = "cpu",
-                 dtype: torch.dtype | str | None = None, grid: tuple[int, int] = (90, 90)) -> None:
+    def __init__(
+        self,
+        path: str,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | str | None = None,
+        grid: tuple[int, int] = (90, 90),
+    ) -> None:
         from transformers import Emu3ForConditionalGeneration
 
         self.hf = load_checkpoint(Emu3ForConditionalGeneration, str(path), "emu3", dtype)
@@ -56,18 +61,27 @@ class Emu3Model(ImageModel):
     def _ids(self, prompt) -> torch.Tensor:  # noqa: ANN001
         if isinstance(prompt, str):
             if self.processor is None:
-                raise ValueError("this Emu3 checkpoint ships no processor; pass prompts as "
-                                 "lists of token ids")
+                raise ValueError(
+                    "this Emu3 checkpoint ships no processor; pass prompts as lists of token ids"
+                )
             rows, cols = self.grid
-            ids = self.processor(text=[prompt], return_for_image_generation=True,
-                                 image_area=rows * cols * 64, return_tensors="pt").input_ids[0]
-        elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) for t in prompt):
+            ids = self.processor(
+                text=[prompt],
+                return_for_image_generation=True,
+                image_area=rows * cols * 64,
+                return_tensors="pt",
+            ).input_ids[0]
+        elif (
+            isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) for t in prompt)
+        ):
             ids = torch.tensor(list(prompt))
         else:
             raise ValueError(f"Emu3 prompts are strings or lists of token ids, got {prompt!r}")
         if not (ids == self.boi_id).any():
-            raise ValueError("an Emu3 prompt must contain the image-start token "
-                             f"(id {self.boi_id}) followed by the size and image tokens")
+            raise ValueError(
+                "an Emu3 prompt must contain the image-start token "
+                f"(id {self.boi_id}) followed by the size and image tokens"
+            )
         return ids.to(self.device)
 
     def check_prompts(self, prompts: list) -> None:
@@ -87,8 +101,9 @@ class Emu3Model(ImageModel):
     def prefill(self, rows: torch.Tensor, cache) -> None:  # noqa: ANN001
         self.hf.model(input_ids=rows, past_key_values=cache, use_cache=True)
 
-    def window_logits(self, inputs: torch.Tensor, prompt_end: torch.Tensor | None, cache,
-                      state=None) -> torch.Tensor:  # noqa: ANN001
+    def window_logits(
+        self, inputs: torch.Tensor, prompt_end: torch.Tensor | None, cache, state=None
+    ) -> torch.Tensor:  # noqa: ANN001
         ids = self.index_to_bpe[inputs].clone()
         if prompt_end is not None:
             ids[:, 0] = prompt_end

@@ -31,8 +31,16 @@ from ..config import SamplingConfig
 from .base import ImageModel, Layout, Session
 
 # (dim, n_layer) -> n_head of LlamaGen's published GPT sizes.
-N_HEADS = {(768, 12): 12, (1024, 24): 16, (1280, 36): 20, (1536, 48): 24, (2560, 48): 40,
-           (2048, 22): 32, (3200, 24): 32, (4096, 32): 32}
+N_HEADS = {
+    (768, 12): 12,
+    (1024, 24): 16,
+    (1280, 36): 20,
+    (1536, 48): 24,
+    (2560, 48): 40,
+    (2048, 22): 32,
+    (3200, 24): 32,
+    (4096, 32): 32,
+}
 
 
 def rotary_2d(grid: int, head_dim: int, base: float, prefix: int) -> torch.Tensor:
@@ -62,7 +70,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(
+            x
+        ) * self.weight
 
 
 class _Attention(nn.Module):
@@ -114,10 +124,22 @@ class _Captions(nn.Module):
 
 
 class LlamaGenGPT(nn.Module):
-    def __init__(self, dim: int, n_layer: int, n_head: int, n_kv_head: int, vocab_size: int,
-                 ffn_hidden: int, grid: int, model_type: str = "c2i", num_classes: int = 1000,
-                 caption_dim: int = 2048, cls_token_num: int = 1, rope_base: float = 10000.0,
-                 norm_eps: float = 1e-5) -> None:
+    def __init__(
+        self,
+        dim: int,
+        n_layer: int,
+        n_head: int,
+        n_kv_head: int,
+        vocab_size: int,
+        ffn_hidden: int,
+        grid: int,
+        model_type: str = "c2i",
+        num_classes: int = 1000,
+        caption_dim: int = 2048,
+        cls_token_num: int = 1,
+        rope_base: float = 10000.0,
+        norm_eps: float = 1e-5,
+    ) -> None:
         super().__init__()
         self.dim, self.n_layer, self.grid = dim, n_layer, grid
         self.model_type, self.cls_token_num = model_type, cls_token_num
@@ -126,12 +148,14 @@ class LlamaGenGPT(nn.Module):
         else:
             self.cls_embedding = _Captions(caption_dim, dim, cls_token_num)
         self.tok_embeddings = nn.Embedding(vocab_size, dim)
-        self.layers = nn.ModuleList(_Block(dim, n_head, n_kv_head, ffn_hidden, norm_eps)
-                                    for _ in range(n_layer))
+        self.layers = nn.ModuleList(
+            _Block(dim, n_head, n_kv_head, ffn_hidden, norm_eps) for _ in range(n_layer)
+        )
         self.norm = RMSNorm(dim, norm_eps)
         self.output = nn.Linear(dim, vocab_size, bias=False)
-        self.register_buffer("rotary", rotary_2d(grid, dim // n_head, rope_base, cls_token_num),
-                             persistent=False)
+        self.register_buffer(
+            "rotary", rotary_2d(grid, dim // n_head, rope_base, cls_token_num), persistent=False
+        )
 
     @property
     def max_len(self) -> int:
@@ -144,10 +168,12 @@ class LlamaGenGPT(nn.Module):
             null_id = self.cls_embedding.embedding_table.num_embeddings - 1
             ids = []
             for p in prompts:
-                if p is not None and (isinstance(p, bool) or not isinstance(p, int)
-                                      or not 0 <= p < null_id):
-                    raise ValueError(f"LlamaGen c2i prompts are class ids in [0, {null_id}) or "
-                                     f"None, got {p!r}")
+                if p is not None and (
+                    isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < null_id
+                ):
+                    raise ValueError(
+                        f"LlamaGen c2i prompts are class ids in [0, {null_id}) or None, got {p!r}"
+                    )
                 ids.append(null_id if (p is None or null) else p)
             emb = self.cls_embedding.embedding_table(torch.tensor(ids, device=dev))[:, None]
             return emb, torch.ones(len(prompts), 1, dtype=torch.bool, device=dev)
@@ -158,15 +184,21 @@ class LlamaGenGPT(nn.Module):
             if p is None or null:
                 emb, mask = uncond, None
             if not isinstance(emb, torch.Tensor) or tuple(emb.shape) != tuple(uncond.shape):
-                raise ValueError(f"LlamaGen t2i prompts are caption embeddings of shape "
-                                 f"{tuple(uncond.shape)} (or dicts with 'embedding' and 'mask')")
+                raise ValueError(
+                    f"LlamaGen t2i prompts are caption embeddings of shape "
+                    f"{tuple(uncond.shape)} (or dicts with 'embedding' and 'mask')"
+                )
             caps.append(emb.to(dev, uncond.dtype))
-            masks.append(torch.ones(len(uncond), dtype=torch.bool, device=dev) if mask is None
-                         else mask.to(dev, torch.bool))
+            masks.append(
+                torch.ones(len(uncond), dtype=torch.bool, device=dev)
+                if mask is None
+                else mask.to(dev, torch.bool)
+            )
         return self.cls_embedding.cap_proj(torch.stack(caps)), torch.stack(masks)
 
-    def forward_cached(self, x: torch.Tensor, pos: torch.Tensor, cache: dict,
-                       rows: torch.Tensor) -> torch.Tensor:
+    def forward_cached(
+        self, x: torch.Tensor, pos: torch.Tensor, cache: dict, rows: torch.Tensor
+    ) -> torch.Tensor:
         """x [R, L, dim] embeddings at positions pos [R, L] of cache rows `rows` -> logits."""
         span = int(pos.max()) + 1
         keys = torch.arange(span, device=x.device)
@@ -178,7 +210,8 @@ class LlamaGenGPT(nn.Module):
         for i, blk in enumerate(self.layers):
             att = blk.attention
             q, k, v = att.wqkv(blk.attention_norm(x)).split(
-                [self.dim, att.n_kv_head * att.head_dim, att.n_kv_head * att.head_dim], -1)
+                [self.dim, att.n_kv_head * att.head_dim, att.n_kv_head * att.head_dim], -1
+            )
             q = _rotate(q.view(*x.shape[:2], att.n_head, att.head_dim), rot)
             k = _rotate(k.view(*x.shape[:2], att.n_kv_head, att.head_dim), rot)
             v = v.view(*x.shape[:2], att.n_kv_head, att.head_dim)
@@ -198,9 +231,11 @@ class LlamaGenGPT(nn.Module):
         att = self.layers[0].attention
         p = self.tok_embeddings.weight
         shape = (self.n_layer, rows, att.n_kv_head, self.max_len + 1, att.head_dim)
-        return {"k": torch.zeros(shape, dtype=p.dtype, device=p.device),
-                "v": torch.zeros(shape, dtype=p.dtype, device=p.device),
-                "valid": torch.ones(rows, self.max_len + 1, dtype=torch.bool, device=p.device)}
+        return {
+            "k": torch.zeros(shape, dtype=p.dtype, device=p.device),
+            "v": torch.zeros(shape, dtype=p.dtype, device=p.device),
+            "valid": torch.ones(rows, self.max_len + 1, dtype=torch.bool, device=p.device),
+        }
 
 
 def _state_dict(path: Path) -> dict:
@@ -217,8 +252,9 @@ def _state_dict(path: Path) -> dict:
     return sd
 
 
-def gpt_from_checkpoint(path: Path, image_size: int, n_head: int | None = None,
-                        downsample: int = 16) -> LlamaGenGPT:
+def gpt_from_checkpoint(
+    path: Path, image_size: int, n_head: int | None = None, downsample: int = 16
+) -> LlamaGenGPT:
     sd = _state_dict(path)
     if "tok_embeddings.weight" not in sd:
         raise ValueError(f"{path}: not a LlamaGen GPT checkpoint (no tok_embeddings.weight)")
@@ -231,10 +267,19 @@ def gpt_from_checkpoint(path: Path, image_size: int, n_head: int | None = None,
     qkv = sd["layers.0.attention.wqkv.weight"].shape[0]
     n_kv_head = (qkv - dim) // (2 * head_dim)
     grid = image_size // downsample
-    kw = dict(dim=dim, n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head, vocab_size=vocab,
-              ffn_hidden=sd["layers.0.feed_forward.w1.weight"].shape[0], grid=grid)
+    kw = dict(
+        dim=dim,
+        n_layer=n_layer,
+        n_head=n_head,
+        n_kv_head=n_kv_head,
+        vocab_size=vocab,
+        ffn_hidden=sd["layers.0.feed_forward.w1.weight"].shape[0],
+        grid=grid,
+    )
     if "cls_embedding.embedding_table.weight" in sd:
-        kw |= dict(model_type="c2i", num_classes=sd["cls_embedding.embedding_table.weight"].shape[0] - 1)
+        kw |= dict(
+            model_type="c2i", num_classes=sd["cls_embedding.embedding_table.weight"].shape[0] - 1
+        )
     else:
         unc = sd["cls_embedding.uncond_embedding"]
         kw |= dict(model_type="t2i", caption_dim=unc.shape[1], cls_token_num=unc.shape[0])
@@ -246,15 +291,17 @@ def gpt_from_checkpoint(path: Path, image_size: int, n_head: int | None = None,
 def _load_checked(module: nn.Module, sd: dict, path: Path, required: tuple[str, ...] = ()) -> None:
     """Load `sd` into `module` after checking names and shapes. `required`: name prefixes that
     must all be present (default: every parameter of the module)."""
-    wanted = {k: v for k, v in module.state_dict().items()
-              if not required or k.startswith(required)}
+    wanted = {
+        k: v for k, v in module.state_dict().items() if not required or k.startswith(required)
+    }
     missing = sorted(set(wanted) - set(sd))
     if missing:
         raise ValueError(f"{path}: missing {len(missing)} tensors, e.g. {missing[0]}")
     for k, v in wanted.items():
         if sd[k].shape != v.shape:
-            raise ValueError(f"{path}: {k} has shape {tuple(sd[k].shape)}, expected "
-                             f"{tuple(v.shape)}")
+            raise ValueError(
+                f"{path}: {k} has shape {tuple(sd[k].shape)}, expected {tuple(v.shape)}"
+            )
     known = set(module.state_dict())
     module.load_state_dict({k: v for k, v in sd.items() if k in known}, strict=not required)
 
@@ -284,9 +331,20 @@ def vq16_from_checkpoint(path: Path, grid: int, **config):  # noqa: ANN003, ANN2
     if "quantize.embedding.weight" not in sd:
         raise ValueError(f"{path}: not a VQ checkpoint (no quantize.embedding.weight)")
     n_codes, embed_dim = sd["quantize.embedding.weight"].shape
-    cfg = dict(embed_dim=embed_dim, num_embeddings=n_codes, latent_channels=256,
-               base_channels=128, channel_multiplier=[1, 1, 2, 2, 4], num_res_blocks=2,
-               num_patches=grid, projection_dim=8, image_token_embed_dim=8) | config
+    cfg = (
+        dict(
+            embed_dim=embed_dim,
+            num_embeddings=n_codes,
+            latent_channels=256,
+            base_channels=128,
+            channel_multiplier=[1, 1, 2, 2, 4],
+            num_res_blocks=2,
+            num_patches=grid,
+            projection_dim=8,
+            image_token_embed_dim=8,
+        )
+        | config
+    )
     vq = JanusVQVAE(JanusVQVAEConfig(**cfg))
     _load_checked(vq, sd, path, required=("decoder.", "post_quant_conv.", "quantize."))
     return vq.eval()
@@ -295,9 +353,16 @@ def vq16_from_checkpoint(path: Path, grid: int, **config):  # noqa: ANN003, ANN2
 class LlamaGenModel(ImageModel):
     name = "llamagen"
 
-    def __init__(self, path: str, vq: str | None = None, image_size: int | None = None,
-                 n_head: int | None = None, device: str | torch.device = "cpu",
-                 dtype: torch.dtype | str | None = None, vq_config: dict | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        vq: str | None = None,
+        image_size: int | None = None,
+        n_head: int | None = None,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | str | None = None,
+        vq_config: dict | None = None,
+    ) -> None:
         path = Path(path)
         # LlamaGen's defaults: c2i at 256 px, t2i stage II at 512 px (16 px per token).
         size = image_size or (512 if "t2i" in path.name else 256)
@@ -310,8 +375,9 @@ class LlamaGenModel(ImageModel):
         self.layout = Layout.raster(grid, grid)
         self.vocab_size = self.gpt.output.out_features
         c2i = self.gpt.model_type == "c2i"
-        self.defaults = SamplingConfig(cfg_scale=4.0 if c2i else 7.5,
-                                       top_k=2000 if c2i else 1000, top_p=None)
+        self.defaults = SamplingConfig(
+            cfg_scale=4.0 if c2i else 7.5, top_k=2000 if c2i else 1000, top_p=None
+        )
         self.vq = None
         if vq is not None:
             self.vq = vq16_from_checkpoint(Path(vq), grid, **(vq_config or {})).to(self.device)
@@ -324,8 +390,10 @@ class LlamaGenModel(ImageModel):
 
     def decode(self, tokens: torch.Tensor) -> list[Image.Image]:
         if self.vq is None:
-            raise ValueError("no VQ tokenizer loaded: pass vq='vq_ds16_c2i.pt' (or t2i) to "
-                             "load_model('llamagen', ...)")
+            raise ValueError(
+                "no VQ tokenizer loaded: pass vq='vq_ds16_c2i.pt' (or t2i) to "
+                "load_model('llamagen', ...)"
+            )
         with torch.inference_mode():
             px = self.vq.decode(tokens.to(self.device))
         arr = ((px.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
@@ -356,8 +424,9 @@ class _LlamaGenSession(Session):
         if self.prefix > 1:
             pos = torch.arange(self.prefix - 1, device=emb.device).expand(rows, -1)
             with torch.inference_mode():
-                gpt.forward_cached(emb[:, :-1], pos, self.cache, torch.arange(rows,
-                                                                                device=emb.device))
+                gpt.forward_cached(
+                    emb[:, :-1], pos, self.cache, torch.arange(rows, device=emb.device)
+                )
 
     @torch.inference_mode()
     def forward(self, inputs, offset, images):  # noqa: ANN001, ANN201
@@ -381,5 +450,11 @@ def make_checkpoint(model: LlamaGenGPT, path: Path) -> None:
     torch.save({"model": {k: v for k, v in model.state_dict().items()}}, path)
 
 
-__all__ = ["LlamaGenGPT", "LlamaGenModel", "gpt_from_checkpoint", "make_checkpoint",
-           "llamagen_to_janus_names", "rotary_2d"]
+__all__ = [
+    "LlamaGenGPT",
+    "LlamaGenModel",
+    "gpt_from_checkpoint",
+    "make_checkpoint",
+    "llamagen_to_janus_names",
+    "rotary_2d",
+]

@@ -31,8 +31,11 @@ def _paint(cells: torch.Tensor, grid: tuple[int, int], n_colours: int, px: int =
 
 
 def _check_grid(grid) -> tuple[int, int]:  # noqa: ANN001
-    if (not isinstance(grid, (tuple, list)) or len(grid) != 2
-            or any(int(g) != g or g < 1 for g in grid)):
+    if (
+        not isinstance(grid, (tuple, list))
+        or len(grid) != 2
+        or any(int(g) != g or g < 1 for g in grid)
+    ):
         raise ValueError(f"grid must be (rows, cols) of positive integers, got {grid!r}")
     return int(grid[0]), int(grid[1])
 
@@ -47,25 +50,43 @@ class TinyModel(ImageModel):
 
     name = "tiny"
 
-    def __init__(self, vocab_size: int = 16, grid: tuple[int, int] = (4, 4), seed: int = 0,
-                 num_classes: int = 10, d_model: int = 32, n_layers: int = 2, n_heads: int = 4,
-                 row_end: bool = False, logit_scale: float = 0.5, cfg_scale: float | None = None,
-                 device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self,
+        vocab_size: int = 16,
+        grid: tuple[int, int] = (4, 4),
+        seed: int = 0,
+        num_classes: int = 10,
+        d_model: int = 32,
+        n_layers: int = 2,
+        n_heads: int = 4,
+        row_end: bool = False,
+        logit_scale: float = 0.5,
+        cfg_scale: float | None = None,
+        device: str | torch.device = "cpu",
+    ) -> None:
         if int(vocab_size) != vocab_size or vocab_size < 2:
             raise ValueError(f"vocab_size must be an integer >= 2, got {vocab_size!r}")
         rows, cols = _check_grid(grid)
         self.image_vocab = int(vocab_size)
         self.num_classes = int(num_classes)
         self.vocab_size = self.image_vocab + (1 if row_end else 0)
-        self.layout = (Layout.with_row_end(rows, cols, self.image_vocab) if row_end
-                       else Layout.raster(rows, cols))
+        self.layout = (
+            Layout.with_row_end(rows, cols, self.image_vocab)
+            if row_end
+            else Layout.raster(rows, cols)
+        )
         self.defaults = SamplingConfig(cfg_scale=cfg_scale)
         self.device = torch.device(device)
         self._special = self.num_classes + 2  # classes, null, image start
         torch_gen = torch.Generator().manual_seed(seed)
-        cfg = DecoderConfig(vocab_in=self._special + self.vocab_size, vocab_out=self.vocab_size,
-                            d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-                            max_len=2 + self.layout.length)
+        cfg = DecoderConfig(
+            vocab_in=self._special + self.vocab_size,
+            vocab_out=self.vocab_size,
+            d_model=d_model,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            max_len=2 + self.layout.length,
+        )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(torch.randint(2**31, (1,), generator=torch_gen)))
             self.decoder = Decoder(cfg)
@@ -76,24 +97,30 @@ class TinyModel(ImageModel):
     def _prefix(self, prompts: list, null: bool) -> torch.Tensor:
         ids = []
         for p in prompts:
-            if p is not None and (isinstance(p, bool) or not isinstance(p, (int, np.integer))
-                                  or not 0 <= p < self.num_classes):
-                raise ValueError(f"tiny model prompts are class ids in [0, {self.num_classes}) "
-                                 f"or None, got {p!r}")
+            if p is not None and (
+                isinstance(p, bool)
+                or not isinstance(p, (int, np.integer))
+                or not 0 <= p < self.num_classes
+            ):
+                raise ValueError(
+                    f"tiny model prompts are class ids in [0, {self.num_classes}) "
+                    f"or None, got {p!r}"
+                )
             cls = self.num_classes if (p is None or null) else int(p)
             ids.append([cls, self.num_classes + 1])
         return torch.tensor(ids, device=self.device)
 
     def start(self, prompts: list, *, cfg: bool) -> Session:
         null = self._prefix(prompts, null=True) if cfg else None
-        return PrefixDecoderSession(self.decoder, self._prefix(prompts, null=False), null,
-                                    token_offset=self._special)
+        return PrefixDecoderSession(
+            self.decoder, self._prefix(prompts, null=False), null, token_offset=self._special
+        )
 
     def decode(self, tokens: torch.Tensor) -> list[Image.Image]:
         return _paint(self.layout.image_tokens(tokens), self.grid, self.vocab_size)
 
     def token_embeddings(self) -> torch.Tensor:
-        return self.decoder.embed.weight[self._special:].detach()
+        return self.decoder.embed.weight[self._special :].detach()
 
     def codebook(self) -> torch.Tensor:
         # Random weights have no VQ codebook; the output-head rows stand in for one.
@@ -109,11 +136,19 @@ class ToyModel(ImageModel):
 
     name = "toy"
 
-    def __init__(self, vocab_size: int = 3, length: int = 4, seed: int = 0, scale: float = 1.5,
-                 device: str | torch.device = "cpu") -> None:
-        if vocab_size ** length > 100_000:
-            raise ValueError(f"toy model with vocab {vocab_size} and length {length} has too "
-                             "many sequences to enumerate (limit 100000)")
+    def __init__(
+        self,
+        vocab_size: int = 3,
+        length: int = 4,
+        seed: int = 0,
+        scale: float = 1.5,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        if vocab_size**length > 100_000:
+            raise ValueError(
+                f"toy model with vocab {vocab_size} and length {length} has too "
+                "many sequences to enumerate (limit 100000)"
+            )
         self.vocab_size = int(vocab_size)
         self.length = int(length)
         self.layout = Layout.raster(1, self.length)
@@ -147,8 +182,9 @@ class ToyModel(ImageModel):
     def exact_distribution(self, sampling: SamplingConfig | None = None) -> dict[tuple, float]:
         """Probability of every complete sequence under AR sampling with `sampling`."""
         sampling = sampling or self.defaults
-        seqs = torch.tensor(list(itertools.product(range(self.vocab_size), repeat=self.length)),
-                            device=self.device)
+        seqs = torch.tensor(
+            list(itertools.product(range(self.vocab_size), repeat=self.length)), device=self.device
+        )
         upto = torch.arange(self.length, device=self.device).expand(len(seqs), -1)
         probs = target_probs(self.table[self.prefix_index(seqs, upto)], None, sampling)
         p = probs.gather(-1, seqs.unsqueeze(-1)).squeeze(-1).prod(-1)
@@ -168,5 +204,7 @@ class _ToySession(Session):
         cols = pos.clamp(min=0, max=self.seqs.shape[1] - 1)
         old = self.seqs[images[:, None], cols]
         self.seqs[images[:, None], cols] = write * inputs + (1 - write) * old
-        rows = self.model.prefix_index(self.seqs[images], (pos + 1).clamp(max=self.model.length - 1))
+        rows = self.model.prefix_index(
+            self.seqs[images], (pos + 1).clamp(max=self.model.length - 1)
+        )
         return self.model.table[rows], None

@@ -59,7 +59,9 @@ class Block(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.norm2 = nn.LayerNorm(cfg.d_model)
         self.mlp = nn.Sequential(
-            nn.Linear(cfg.d_model, 4 * cfg.d_model), nn.GELU(), nn.Linear(4 * cfg.d_model, cfg.d_model)
+            nn.Linear(cfg.d_model, 4 * cfg.d_model),
+            nn.GELU(),
+            nn.Linear(4 * cfg.d_model, cfg.d_model),
         )
 
     def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -81,11 +83,13 @@ class Block(nn.Module):
             att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             ck, cv = layer_cache
-            # Advanced indices around a slice move to the front: the target view is [rows, L, H, hd].
+            # Advanced indices around a slice move to the front: target view [rows, L, H, hd].
             ck[rows[:, None], :, pos] = k.transpose(1, 2)
             cv[rows[:, None], :, pos] = v.transpose(1, 2)
             span = mask.shape[-1]
-            att = F.scaled_dot_product_attention(q, ck[rows, :, :span], cv[rows, :, :span], attn_mask=mask)
+            att = F.scaled_dot_product_attention(
+                q, ck[rows, :, :span], cv[rows, :, :span], attn_mask=mask
+            )
         x = x + self.proj(att.transpose(1, 2).reshape(x.shape))
         return x + self.mlp(self.norm2(x))
 
@@ -94,8 +98,9 @@ class Decoder(nn.Module):
     def __init__(self, cfg: DecoderConfig) -> None:
         super().__init__()
         if cfg.d_model % cfg.n_heads or (cfg.d_model // cfg.n_heads) % 2:
-            raise ValueError(f"d_model {cfg.d_model} must split into an even head size over "
-                             f"{cfg.n_heads} heads")
+            raise ValueError(
+                f"d_model {cfg.d_model} must split into an even head size over {cfg.n_heads} heads"
+            )
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_in, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
@@ -122,8 +127,9 @@ class Decoder(nn.Module):
         p = next(self.parameters())
         return KVCache(self.cfg, rows, p.device, p.dtype)
 
-    def forward_cached(self, ids: torch.Tensor, pos: torch.Tensor, cache: KVCache,
-                       rows: torch.Tensor) -> torch.Tensor:
+    def forward_cached(
+        self, ids: torch.Tensor, pos: torch.Tensor, cache: KVCache, rows: torch.Tensor
+    ) -> torch.Tensor:
         """ids [R, L] placed at positions pos [R, L] of cache rows `rows` [R].
 
         Keys beyond a query's own position are masked, so whatever stale window a row left in
@@ -131,8 +137,9 @@ class Decoder(nn.Module):
         """
         span = int(pos.max()) + 1
         if span > self.cfg.max_len:
-            raise ValueError(f"sequence of {span} positions exceeds the model's max_len "
-                             f"{self.cfg.max_len}")
+            raise ValueError(
+                f"sequence of {span} positions exceeds the model's max_len {self.cfg.max_len}"
+            )
         keys = torch.arange(span, device=ids.device)
         mask = (keys[None, None, :] <= pos[:, :, None])[:, None]  # [R, 1, L, S]
         x = self.embed(ids)

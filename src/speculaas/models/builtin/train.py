@@ -52,15 +52,25 @@ class TrainConfig:
 
 
 def decoder_config(cfg: TrainConfig, codebook_size: int) -> DecoderConfig:
-    return DecoderConfig(vocab_in=len(WORDS) + codebook_size, vocab_out=codebook_size,
-                         d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
-                         max_len=CAPTION_LEN + 1 + 256 + 16)
+    return DecoderConfig(
+        vocab_in=len(WORDS) + codebook_size,
+        vocab_out=codebook_size,
+        d_model=cfg.d_model,
+        n_layers=cfg.n_layers,
+        n_heads=cfg.n_heads,
+        max_len=CAPTION_LEN + 1 + 256 + 16,
+    )
 
 
 def _git_revision() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True, cwd=Path(__file__).parent).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).parent,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -96,12 +106,16 @@ def train_vq(cfg: TrainConfig, out: Path, log: dict) -> torch.nn.Module:
                     z = F.normalize(vq.quant_conv(vq.encoder(x)), dim=1)
                     zf = z.permute(0, 2, 3, 1).reshape(-1, z.shape[1])
                     pick = torch.randint(len(zf), (len(dead),))
-                    vq.quantize.embedding.weight[dead] = zf[pick] + 0.01 * torch.randn_like(zf[pick])
+                    vq.quantize.embedding.weight[dead] = zf[pick] + 0.01 * torch.randn_like(
+                        zf[pick]
+                    )
             usage.zero_()
         bar.set_postfix(rec=f"{rec.item():.4f}", vq=f"{vql.item():.4f}")
         if (step + 1) % cfg.checkpoint_every == 0:
-            save_file({k: v.contiguous() for k, v in vq.state_dict().items()},
-                      str(out / "checkpoints" / f"vq_{step + 1}.safetensors"))
+            save_file(
+                {k: v.contiguous() for k, v in vq.state_dict().items()},
+                str(out / "checkpoints" / f"vq_{step + 1}.safetensors"),
+            )
     log["vq_final_recon_mse"] = rec.item()
     return vq.eval()
 
@@ -141,9 +155,11 @@ def train_ar(cfg: TrainConfig, data: torch.Tensor, out: Path, log: dict) -> Deco
     model = Decoder(decoder_config(cfg, vqlib.VQ_KWARGS["num_embeddings"])).train()
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=cfg.ar_lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.ar_lr,
+        betas=(0.9, 0.95),
+    )
     null = torch.tensor(tokenize_caption(None))
     n_text = len(WORDS)
     bar = tqdm(range(cfg.ar_steps), desc="transformer", dynamic_ncols=True)
@@ -157,16 +173,19 @@ def train_ar(cfg: TrainConfig, data: torch.Tensor, out: Path, log: dict) -> Deco
             logits = model(ids[:, :-1])
         # Position CAPTION_LEN (the image-start token) predicts the first image code.
         target = ids[:, CAPTION_LEN + 1 :] - n_text
-        loss = F.cross_entropy(logits[:, CAPTION_LEN:].float().reshape(-1, logits.shape[-1]),
-                               target.reshape(-1))
+        loss = F.cross_entropy(
+            logits[:, CAPTION_LEN:].float().reshape(-1, logits.shape[-1]), target.reshape(-1)
+        )
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         bar.set_postfix(loss=f"{loss.item():.3f}")
         if (step + 1) % cfg.checkpoint_every == 0:
-            save_file({k: v.contiguous() for k, v in model.state_dict().items()},
-                      str(out / "checkpoints" / f"ar_{step + 1}.safetensors"))
+            save_file(
+                {k: v.contiguous() for k, v in model.state_dict().items()},
+                str(out / "checkpoints" / f"ar_{step + 1}.safetensors"),
+            )
     log["ar_final_loss"] = loss.item()
     return model.eval()
 
@@ -205,8 +224,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     for name, field in TrainConfig.__dataclass_fields__.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(field.default),
-                            default=field.default)
+        parser.add_argument(
+            f"--{name.replace('_', '-')}", type=type(field.default), default=field.default
+        )
     args = parser.parse_args(argv)
     cfg = TrainConfig(**{k: getattr(args, k) for k in TrainConfig.__dataclass_fields__})
     print(train(cfg, args.out))
