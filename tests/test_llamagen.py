@@ -95,7 +95,7 @@ def test_vq16_names_map_onto_janus_vqvae(files, c2i):
     with torch.no_grad():
         ref = vq.decode(tokens)
     assert out[0].size == (ref.shape[-1], ref.shape[-2])
-    got = torch.from_numpy(np.asarray(out[0])).float()
+    got = torch.from_numpy(np.array(out[0])).float()
     want = ((ref[0].clamp(-1, 1) + 1) * 127.5).round().permute(1, 2, 0)
     assert (got - want).abs().max() <= 1
 
