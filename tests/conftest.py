@@ -3,6 +3,10 @@ import torch
 
 torch.set_num_threads(2)
 
+# Options under which a relaxed rule must be exactly SJD.
+ZERO_RELAXATION = [("csd", {"lam": 0.0}), ("csd", {"delta": 0.0}), ("addition", {"eps": 0.0}),
+                   ("amplify", {"k": 1.0})]
+
 
 @pytest.fixture(scope="session")
 def tiny():

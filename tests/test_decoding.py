@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import speculaas as sp
+from conftest import ZERO_RELAXATION
 from speculaas.models.transformer import Decoder, DecoderConfig
 
 
@@ -83,15 +84,7 @@ def test_same_seed_same_tokens_different_seed_different(tiny):
     assert not torch.equal(a.tokens, c.tokens)
 
 
-@pytest.mark.parametrize(
-    "name,opts",
-    [
-        ("csd", {"lam": 0.0}),
-        ("csd", {"delta": 0.0}),
-        ("addition", {"eps": 0.0}),
-        ("amplify", {"k": 1.0}),
-    ],
-)
+@pytest.mark.parametrize("name,opts", ZERO_RELAXATION)
 def test_zero_relaxation_generates_what_sjd_generates(tiny, name, opts):
     ref = sp.generate(tiny, [1, 4, None], method="sjd", seed=3, cfg_scale=2.0)
     out = sp.generate(tiny, [1, 4, None], method=name, seed=3, cfg_scale=2.0, **opts)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import speculaas as sp
+from conftest import ZERO_RELAXATION
 from speculaas.acceptance import functional as Fn
 
 DRAFT = torch.tensor([[[0.5, 0.25, 0.25], [1 / 3, 1 / 3, 1 / 3]]])  # [1, 2, 3]
@@ -112,15 +113,7 @@ def test_lantern_borrows_neighbour_mass_within_budget():
     assert torch.allclose(zero.acceptance_probs(x, draft, target), torch.tensor([[0.2]]))
 
 
-@pytest.mark.parametrize(
-    "name,opts",
-    [
-        ("csd", {"lam": 0.0}),
-        ("csd", {"delta": 0.0}),
-        ("addition", {"eps": 0.0}),
-        ("amplify", {"k": 1.0}),
-    ],
-)
+@pytest.mark.parametrize("name,opts", ZERO_RELAXATION)
 def test_zero_relaxation_equals_sjd_exactly(name, opts):
     gen = torch.Generator().manual_seed(0)
     draft = torch.rand(4, 6, 9, generator=gen).softmax(-1)
