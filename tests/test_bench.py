@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,6 +19,12 @@ BENCH = [sys.executable, "-m", "speculaas.cli", "bench", "--model", "tiny", "--p
 DETERMINISTIC = ("items", "forward_passes_mean", "step_compression", "accept_hist",
                  "drafted_share_by_detail_quintile")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _summary(folder):
@@ -69,7 +76,7 @@ def test_kill_and_resume_gives_the_same_table(uninterrupted, tmp_path):
 def test_torchrun_two_processes_match_one(uninterrupted, tmp_path):
     out = tmp_path / "bench2"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-port", "29517", "-m", "speculaas.cli"] + BENCH[3:] + ["--out", str(out)]
+           "--master-port", str(_free_port()), "-m", "speculaas.cli"] + BENCH[3:] + ["--out", str(out)]
     res = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert {p.name for p in out.glob("results.rank*.jsonl")} == {"results.rank0.jsonl",
