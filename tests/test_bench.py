@@ -76,7 +76,7 @@ def test_kill_and_resume_gives_the_same_table(uninterrupted, tmp_path):
 def test_torchrun_two_processes_match_one(uninterrupted, tmp_path):
     out = tmp_path / "bench2"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-port", str(_free_port()), "-m", "speculaas.cli"] + BENCH[3:] + ["--out", str(out)]
+           "--master-port", str(_free_port()), "-m", "speculaas.cli", *BENCH[3:], "--out", str(out)]
     res = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert {p.name for p in out.glob("results.rank*.jsonl")} == {"results.rank0.jsonl",
