@@ -120,3 +120,18 @@ def test_lossless_at_batch_4_with_each_image_advancing_on_its_own(rule, lossless
     assert (p > ALPHA) if lossless else (p < ALPHA), p
     if lossless:  # the images of a batch really advanced by different amounts
         assert uneven > N_BATCHED // 40
+
+
+def test_lock_step_batches_are_biased():
+    """The reference code's batch-minimum strategy re-tests accepted drafts against their old
+    draft distribution; the same chi-square test that SJD passes must reject it."""
+    toy = sp.load_model("toy", vocab_size=3, length=4, seed=0, scale=0.3)
+    sampling = SamplingConfig()
+    counts = Counter()
+    for i in range(N_SAMPLES // 4):
+        session = toy.start([None] * 4, cfg=False)
+        res = jacobi_decode(toy, session, sp.acceptance.get("sjd"), sampling,
+                            JacobiConfig(window=4, advance="batch_min"),
+                            generators_for(toy, 4 * i, 4))
+        counts.update(map(tuple, res.tokens.tolist()))
+    assert chi_square_p(counts, toy.exact_distribution(sampling)) < ALPHA
