@@ -11,6 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from PIL import Image
 
@@ -52,6 +53,17 @@ class Layout:
     def image_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """[B, T] generated tokens -> [B, rows * cols] image tokens in raster order."""
         return tokens[:, self.cells >= 0]
+
+
+def to_uint8(pixels: torch.Tensor) -> np.ndarray:
+    """Decoder output [B, 3, H, W] in about [-1, 1] -> uint8 [B, H, W, 3]."""
+    x = ((pixels.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    return x.permute(0, 2, 3, 1).cpu().numpy()
+
+
+def to_images(pixels: torch.Tensor) -> list[Image.Image]:
+    """Decoder output [B, 3, H, W] in about [-1, 1] -> one PIL image per row."""
+    return [Image.fromarray(a) for a in to_uint8(pixels)]
 
 
 class Session(ABC):

@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 
 from ..config import SamplingConfig
-from .base import ImageModel, Layout, Session
+from .base import ImageModel, Layout, Session, to_images
 from .hf import PerImageCacheSession, load_checkpoint
 
 DEFAULTS = SamplingConfig(temperature=1.0, top_k=2000, top_p=None, cfg_scale=3.0)
@@ -120,8 +120,7 @@ class ChameleonModel(ImageModel):
         codes = self.layout.image_tokens(tokens).to(self.device).view(-1, rows, cols)
         with torch.inference_mode():
             px = self.vqgan(codes)
-        arr = ((px.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-        return [Image.fromarray(a) for a in arr.permute(0, 2, 3, 1).cpu().numpy()]
+        return to_images(px)
 
     def token_embeddings(self) -> torch.Tensor:
         return self.hf.get_input_embeddings().weight[self.index_to_bpe].detach()

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from ..config import SamplingConfig
-from .base import ImageModel, Layout, Session
+from .base import ImageModel, Layout, Session, to_images
 from .hf import PerImageCacheSession, load_checkpoint, load_processor
 
 DEFAULTS = SamplingConfig(temperature=1.0, top_k=None, top_p=None, cfg_scale=5.0)
@@ -105,8 +105,7 @@ class JanusModel(ImageModel):
     def decode(self, tokens: torch.Tensor) -> list[Image.Image]:
         with torch.inference_mode():
             px = self.hf.decode_image_tokens(self.layout.image_tokens(tokens).to(self.device))
-        arr = ((px.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).cpu().numpy()
-        return [Image.fromarray(a) for a in arr]
+        return to_images(px.permute(0, 3, 1, 2))  # decode_image_tokens gives [B, H, W, C]
 
     def token_embeddings(self) -> torch.Tensor:
         return self.hf.model.generation_embeddings.weight.detach()

@@ -28,7 +28,7 @@ from PIL import Image
 from torch import nn
 
 from ..config import SamplingConfig
-from .base import ImageModel, Layout, Session
+from .base import ImageModel, Layout, Session, to_images
 
 # (dim, n_layer) -> n_head of LlamaGen's published GPT sizes.
 N_HEADS = {
@@ -396,8 +396,7 @@ class LlamaGenModel(ImageModel):
             )
         with torch.inference_mode():
             px = self.vq.decode(tokens.to(self.device))
-        arr = ((px.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-        return [Image.fromarray(a) for a in arr.permute(0, 2, 3, 1).cpu().numpy()]
+        return to_images(px)
 
     def token_embeddings(self) -> torch.Tensor:
         return self.gpt.tok_embeddings.weight.detach()

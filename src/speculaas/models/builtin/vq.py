@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from transformers.models.janus.configuration_janus import JanusVQVAEConfig
 from transformers.models.janus.modeling_janus import JanusVQVAE
 
+from ..base import to_uint8
+
 VQ_KWARGS = dict(
     embed_dim=8, num_embeddings=512, latent_channels=64, base_channels=32,
     channel_multiplier=[1, 2, 2], num_res_blocks=1, num_patches=16,
@@ -28,12 +30,6 @@ def build_vq(**overrides) -> JanusVQVAE:
 def to_tensor(images: np.ndarray) -> torch.Tensor:
     """uint8 [B, H, W, 3] -> float [B, 3, H, W] in [-1, 1]."""
     return torch.from_numpy(images).permute(0, 3, 1, 2).float() / 127.5 - 1.0
-
-
-def to_uint8(pixels: torch.Tensor) -> np.ndarray:
-    """float [B, 3, H, W] in about [-1, 1] -> uint8 [B, H, W, 3]."""
-    x = ((pixels.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-    return x.permute(0, 2, 3, 1).cpu().numpy()
 
 
 def _latents(vq: JanusVQVAE, x: torch.Tensor) -> torch.Tensor:
