@@ -43,6 +43,7 @@ def test_forced_row_end_tokens_are_committed_without_test():
         seq = out.sequence
         assert (seq[:, 4::5] == eol).all()  # end of every row
         assert (out.tokens != eol).all() and out.tokens.shape == (2, 12)
+        assert torch.equal(model.layout.sequence(out.tokens), seq)  # inverse of image_tokens
     sampled = sp.generate(model, [0, 1], method="csd", window=6, seed=2)
     assert (sampled.sequence[:, 4::5] == eol).all() and (sampled.tokens != eol).all()
 

@@ -18,11 +18,7 @@ def _decode(model, rows: list[dict]) -> list:  # noqa: ANN001
     for start in range(0, len(rows), 64):
         chunk = rows[start : start + 64]
         tokens = torch.tensor([r["tokens"] for r in chunk], device=model.device)
-        seq = torch.zeros(len(chunk), model.layout.length, dtype=torch.long, device=model.device)
-        seq[:, model.layout.cells >= 0] = tokens
-        forced = model.layout.forced.to(model.device)
-        seq = torch.where(forced >= 0, forced, seq)
-        images += model.decode(seq)
+        images += model.decode(model.layout.sequence(tokens))
     return images
 
 

@@ -54,6 +54,13 @@ class Layout:
         """[B, T] generated tokens -> [B, rows * cols] image tokens in raster order."""
         return tokens[:, self.cells >= 0]
 
+    def sequence(self, image_tokens: torch.Tensor) -> torch.Tensor:
+        """Inverse of `image_tokens`: [B, rows * cols] -> [B, T] with the forced tokens."""
+        forced = self.forced.to(image_tokens.device)
+        seq = forced.expand(len(image_tokens), -1).clone()
+        seq[:, self.cells.to(image_tokens.device) >= 0] = image_tokens
+        return seq
+
 
 def to_uint8(pixels: torch.Tensor) -> np.ndarray:
     """Decoder output [B, 3, H, W] in about [-1, 1] -> uint8 [B, H, W, 3]."""
