@@ -57,13 +57,14 @@ def resolve_sampling(model: ImageModel, temperature: float | None = None,
                           cfg_scale=d.cfg_scale if cfg_scale is None else cfg_scale)
 
 
-def build_rule(model: ImageModel, method: str, **options) -> acceptance.AcceptanceRule:
+def build_rule(model: ImageModel, method: str, **options) -> acceptance.AcceptanceRule | None:
+    """The acceptance rule of `method` with the model data it needs; None for "ar"."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; valid: {METHODS}")
     if method == "ar":
         if options:
             raise ValueError(f"method 'ar' takes no options, got {sorted(options)}")
-        return acceptance.get("sjd")
+        return None
     cls = acceptance.RULES[method]
     data = {}
     for need in cls.needs:
@@ -107,7 +108,7 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
         torch.cuda.synchronize(model.device)
     t0 = time.perf_counter()
     session = model.start(list(prompts), cfg=sampling.uses_cfg)
-    if method == "ar":
+    if rule is None:
         res: DecodeResult = autoregressive_decode(model, session, sampling, gens, bar)
     else:
         res = jacobi_decode(model, session, rule, sampling, jacobi, gens, bar, profile=profile)
