@@ -1,7 +1,7 @@
 """The built-in model's quality yardsticks, offline.
 
-`Judge` is a small CNN trained on rendered scenes to read the main object's shape and colour and
-the background. Its accuracy on generated images against the caption's attributes is the
+`Judge` is a small CNN trained on rendered scenes to read the main object's shape, colour and
+position and the background. Its accuracy on generated images against the caption's attributes is the
 "prompt fidelity" (our stand-in for CLIP score); its penultimate features feed torchmetrics'
 FID/KID in place of Inception.
 """
@@ -12,9 +12,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from .scenes import BACKGROUNDS, COLOURS, SHAPES, Scene
+from .scenes import BACKGROUNDS, COLOURS, POSITIONS, SHAPES, Scene
 
-HEADS = {"shape": len(SHAPES), "colour": len(COLOURS), "background": len(BACKGROUNDS)}
+HEADS = {"shape": len(SHAPES), "colour": len(COLOURS), "background": len(BACKGROUNDS),
+         "position": len(POSITIONS)}
 FEATURES = 128
 
 
@@ -70,5 +71,6 @@ def caption_labels(caption: str) -> dict[str, int]:
     keyword = {"sky": "blue sky", "sunset": "sunset", "grey": "plain grey", "grass": "grass",
                "gravel": "gravel", "brick": "brick"}
     background = next(keyword[w] for w in words if w in keyword)
+    position = next(w for w in words if w in POSITIONS)
     return {"shape": SHAPES.index(shape), "colour": list(COLOURS).index(colour),
-            "background": BACKGROUNDS.index(background)}
+            "background": BACKGROUNDS.index(background), "position": POSITIONS.index(position)}

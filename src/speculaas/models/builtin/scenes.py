@@ -3,8 +3,10 @@
 A scene is a background (smooth: flat colour or a sky/sunset gradient; textured: grass, gravel or
 brick from photographic textures shipped with the package) with one or two objects on it. Smooth
 and textured regions side by side are what content-aware decoding is about, so every scene mixes
-both kinds of region. Rendering is deterministic in the seed; `render_scene(seed)` for a single
-scene, `sample_scenes(n, seed)` for a batch.
+both kinds of region. Like a photograph, and unlike a clean rendering, every scene carries a
+lighting gradient across the frame, sensor grain, and small jitter in colour, size and place: that
+is what makes smooth regions many-coded in a real VQ tokenizer. Rendering is deterministic in the
+seed; `render_scene(seed)` for a single scene, `sample_scenes(n, seed)` for a batch.
 """
 
 from __future__ import annotations
@@ -34,8 +36,14 @@ BACKGROUNDS = ("blue sky", "sunset", "plain grey", "grass", "gravel", "brick")
 SMOOTH_BACKGROUNDS = BACKGROUNDS[:3]
 TEXTURES = {"grass": (70, 150, 50), "gravel": (150, 140, 130), "brick": (170, 80, 60)}
 
-_X_CENTRE = {"left": 16, "center": 32, "right": 48}
-_RADIUS = {"small": 7, "big": 12}
+_X_CENTRE = {"left": 15, "center": 32, "right": 49}
+_RADIUS = {"small": 9, "big": 14}
+# Photographic variation: strength of the lighting gradient (multiplicative, across the frame),
+# the range of the grain's standard deviation (in 0-255 units), colour and size jitter.
+LIGHTING = 0.18
+GRAIN = (2.0, 5.0)
+COLOUR_JITTER = 15.0
+SIZE_JITTER = 0.1
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,10 @@ class SceneObject:
     colour: str
     position: str
     size: str
+
+    @property
+    def phrase(self) -> str:
+        return f"a {self.size} {self.colour} {self.shape} on the {self.position}"
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,7 @@ class Scene:
             "shape": SHAPES.index(main.shape),
             "colour": list(COLOURS).index(main.colour),
             "background": BACKGROUNDS.index(self.background),
+            "position": POSITIONS.index(main.position),
         }
 
 
@@ -105,9 +118,16 @@ def _background(kind: str, rng: np.random.Generator) -> np.ndarray:
     return np.concatenate([sky, _ground(kind, SIZE - horizon, rng)], axis=0)
 
 
-def _mask(obj: SceneObject, cy: float, cx: float) -> np.ndarray:
+def _lighting(rng: np.random.Generator) -> np.ndarray:
+    """A multiplicative light falloff across the frame in a random direction, [SIZE, SIZE, 1]."""
+    angle = rng.uniform(0, 2 * np.pi)
+    yy, xx = (np.mgrid[0:SIZE, 0:SIZE].astype(np.float32) + 0.5) / SIZE - 0.5
+    ramp = np.cos(angle) * xx + np.sin(angle) * yy  # in [-0.71, 0.71]
+    return (1.0 + LIGHTING * rng.uniform(0.3, 1.0) * ramp / 0.71)[..., None]
+
+
+def _mask(obj: SceneObject, cy: float, cx: float, r: float) -> np.ndarray:
     yy, xx = np.mgrid[0:SIZE, 0:SIZE].astype(np.float32) + 0.5
-    r = _RADIUS[obj.size]
     dy, dx = yy - cy, xx - cx
     if obj.shape == "circle":
         return dy**2 + dx**2 <= r**2
@@ -121,9 +141,6 @@ def _mask(obj: SceneObject, cy: float, cx: float) -> np.ndarray:
 
 
 def _caption(objects: tuple[SceneObject, ...], background: str) -> str:
-    def phrase(o: SceneObject) -> str:
-        return f"a {o.size} {o.colour} {o.shape} on the {o.position}"
-
     bg = {
         "blue sky": "under a blue sky",
         "sunset": "at sunset",
@@ -132,9 +149,9 @@ def _caption(objects: tuple[SceneObject, ...], background: str) -> str:
         "gravel": "over gravel",
         "brick": "in front of a brick wall",
     }[background]
-    text = f"{phrase(objects[0])} {bg}"
+    text = f"{objects[0].phrase} {bg}"
     if len(objects) > 1:
-        text += f" and {phrase(objects[1])}"
+        text += f" and {objects[1].phrase}"
     return text
 
 
@@ -158,10 +175,14 @@ def render_scene(seed: int) -> Scene:
     for obj in objects:
         cy = 40 + rng.uniform(-4, 4)
         cx = _X_CENTRE[obj.position] + rng.uniform(-3, 3)
-        m = _mask(obj, cy, cx)
-        colour = np.array(COLOURS[obj.colour], np.float32) + rng.uniform(-12, 12, size=3)
+        r = _RADIUS[obj.size] * (1 + rng.uniform(-SIZE_JITTER, SIZE_JITTER))
+        m = _mask(obj, cy, cx, r)
+        colour = np.array(COLOURS[obj.colour], np.float32) + rng.uniform(
+            -COLOUR_JITTER, COLOUR_JITTER, size=3)
         shade = 1.0 - 0.25 * np.clip((np.mgrid[0:SIZE, 0:SIZE][0] - cy) / 24, -1, 1)[..., None]
         img = np.where(m[..., None], np.clip(colour * shade, 0, 255), img)
+    img = img * _lighting(rng)
+    img = img + rng.normal(0.0, rng.uniform(*GRAIN), size=img.shape)
     image = np.clip(img, 0, 255).round().astype(np.uint8)
     return Scene(image=image, caption=_caption(objects, background), background=background,
                  objects=objects)

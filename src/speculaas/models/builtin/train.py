@@ -1,11 +1,15 @@
 """Train the built-in model from scratch: tokenizer, judge, then the AR transformer.
 
-    speculaas train --out runs/builtin            # about an hour on 2 CPU cores
+    speculaas train --out runs/builtin            # about 2.5 hours on 2 CPU cores
+    speculaas train --out runs/builtin --device cuda
     python -m speculaas.models.builtin.train --out runs/builtin
 
 Everything is seeded; the result is `OUT/builtin.safetensors` (tokenizer + transformer + judge)
-and `OUT/training.json` (configs, steps, final losses, git revision). Checkpoints are written to
-`OUT/checkpoints/` every few hundred steps. Copy both files into
+and `OUT/training.json` (configs, steps, final losses, codebook usage, times, git revision).
+The run checkpoints to `OUT/checkpoints/` every `--checkpoint-every` steps (weights, optimiser,
+random-generator states) and, run again with the same `--out`, resumes from the last checkpoint
+of the stage it was in: a killed run loses at most one checkpoint interval and ends with the same
+weights as an uninterrupted one. Copy both result files into
 `src/speculaas/models/builtin/weights/` to ship them.
 """
 
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -34,21 +39,23 @@ from .scenes import CAPTION_LEN, WORDS, sample_scenes, tokenize_caption
 @dataclass(frozen=True)
 class TrainConfig:
     seed: int = 0
-    vq_steps: int = 800
+    vq_steps: int = 1_200
     vq_batch: int = 16
     vq_lr: float = 1e-3
-    judge_steps: int = 400
+    judge_steps: int = 500
     judge_batch: int = 64
-    ar_scenes: int = 25_600
-    ar_steps: int = 800
+    ar_scenes: int = 40_960
+    ar_steps: int = 4_000
     ar_batch: int = 32
     ar_lr: float = 1e-3
+    ar_warmup: int = 100
     caption_dropout: float = 0.1
     d_model: int = 256
     n_layers: int = 6
     n_heads: int = 8
-    checkpoint_every: int = 200
+    checkpoint_every: int = 100
     threads: int = 2
+    device: str = "cpu"
 
 
 def decoder_config(cfg: TrainConfig, codebook_size: int) -> DecoderConfig:
@@ -81,78 +88,154 @@ def _cosine_lr(step: int, total: int, base: float, warmup: int = 50) -> float:
     return base * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
 
 
+def _save_state(path: Path, state: dict) -> None:
+    """Write a checkpoint atomically: a kill mid-write leaves the previous one intact."""
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def _load_state(path: Path) -> dict | None:
+    return torch.load(path, weights_only=True) if path.is_file() else None
+
+
+def _cpu(module: torch.nn.Module) -> dict:
+    return {k: v.detach().cpu() for k, v in module.state_dict().items()}
+
+
+class _Stage:
+    """One resumable stage: its checkpoint file, its clock and its progress bar."""
+
+    def __init__(self, out: Path, name: str, total: int) -> None:
+        self.path, self.name, self.total = out / "checkpoints" / f"{name}.pt", name, total
+        self.state = _load_state(self.path) or {"step": 0, "seconds": 0.0, "done": False}
+        self.t0 = time.time() - self.state["seconds"]
+
+    @property
+    def step(self) -> int:
+        return self.state["step"]
+
+    def bar(self):  # noqa: ANN201
+        return tqdm(range(self.step, self.total), desc=self.name, initial=self.step,
+                    total=self.total, dynamic_ncols=True)
+
+    def save(self, step: int, done: bool = False, **parts) -> None:  # noqa: ANN003
+        self.state = {**self.state, **parts, "step": step, "done": done,
+                      "seconds": round(time.time() - self.t0, 1)}
+        _save_state(self.path, self.state)
+
+
+def _vq_restart_dead(vq, x: torch.Tensor, dead: torch.Tensor) -> None:  # noqa: ANN001
+    """Move dead codes onto current encoder outputs so the whole codebook gets used."""
+    with torch.no_grad():
+        z = F.normalize(vq.quant_conv(vq.encoder(x)), dim=1)
+        zf = z.permute(0, 2, 3, 1).reshape(-1, z.shape[1])
+        pick = torch.randint(len(zf), (len(dead),))
+        vq.quantize.embedding.weight[dead] = zf[pick] + 0.01 * torch.randn_like(zf[pick])
+
+
 def train_vq(cfg: TrainConfig, out: Path, log: dict) -> torch.nn.Module:
     torch.manual_seed(cfg.seed)
-    vq = vqlib.build_vq().train()
+    dev = torch.device(cfg.device)
+    vq = vqlib.build_vq().train().to(dev)
     opt = torch.optim.Adam(vq.parameters(), lr=cfg.vq_lr)
     n_codes = vq.quantize.num_embeddings
-    usage = torch.zeros(n_codes)
-    bar = tqdm(range(cfg.vq_steps), desc="tokenizer", dynamic_ncols=True)
-    for step in bar:
-        scenes = sample_scenes(cfg.vq_batch, seed=10_000_000 + step * cfg.vq_batch)
-        x = vqlib.to_tensor(np.stack([s.image for s in scenes]))
-        for g in opt.param_groups:
-            g["lr"] = _cosine_lr(step, cfg.vq_steps, cfg.vq_lr)
-        rec, vql, idx = vqlib.train_loss(vq, x)
-        (rec + vql).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        usage += torch.bincount(idx, minlength=n_codes).float()
-        if step % 50 == 49 and step < cfg.vq_steps * 0.8:
-            # Restart dead codes on current encoder outputs so the whole codebook gets used.
-            dead = (usage == 0).nonzero().squeeze(1)
-            if len(dead):
-                with torch.no_grad():
-                    z = F.normalize(vq.quant_conv(vq.encoder(x)), dim=1)
-                    zf = z.permute(0, 2, 3, 1).reshape(-1, z.shape[1])
-                    pick = torch.randint(len(zf), (len(dead),))
-                    vq.quantize.embedding.weight[dead] = zf[pick] + 0.01 * torch.randn_like(
-                        zf[pick]
-                    )
-            usage.zero_()
-        bar.set_postfix(rec=f"{rec.item():.4f}", vq=f"{vql.item():.4f}")
-        if (step + 1) % cfg.checkpoint_every == 0:
-            save_file(
-                {k: v.contiguous() for k, v in vq.state_dict().items()},
-                str(out / "checkpoints" / f"vq_{step + 1}.safetensors"),
-            )
-    log["vq_final_recon_mse"] = rec.item()
+    usage = torch.zeros(n_codes, device=dev)
+    stage = _Stage(out, "tokenizer", cfg.vq_steps)
+    if stage.step:
+        vq.load_state_dict(stage.state["model"])
+        opt.load_state_dict(stage.state["optimizer"])
+        usage = stage.state["usage"].to(dev)
+        torch.set_rng_state(stage.state["rng"])
+    if not stage.state["done"]:
+        vq.train()
+        bar = stage.bar()
+        for step in bar:
+            scenes = sample_scenes(cfg.vq_batch, seed=10_000_000 + step * cfg.vq_batch)
+            x = vqlib.to_tensor(np.stack([s.image for s in scenes])).to(dev)
+            for g in opt.param_groups:
+                g["lr"] = _cosine_lr(step, cfg.vq_steps, cfg.vq_lr)
+            rec, vql, idx = vqlib.train_loss(vq, x)
+            (rec + vql).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            usage += torch.bincount(idx, minlength=n_codes).float()
+            if step % 50 == 49 and step < cfg.vq_steps * 0.8:
+                dead = (usage == 0).nonzero().squeeze(1)
+                if len(dead):
+                    _vq_restart_dead(vq, x, dead)
+                usage.zero_()
+            bar.set_postfix(rec=f"{rec.item():.4f}", vq=f"{vql.item():.4f}")
+            done = step + 1 == cfg.vq_steps
+            if done or (step + 1) % cfg.checkpoint_every == 0:
+                stage.save(step + 1, done=done, model=_cpu(vq), optimizer=opt.state_dict(),
+                           usage=usage.cpu(), rng=torch.get_rng_state(),
+                           recon_mse=rec.item())
+    log["vq_final_recon_mse"] = stage.state["recon_mse"]
+    log["vq_seconds"] = stage.state["seconds"]
     return vq.eval()
 
 
-def train_judge(cfg: TrainConfig, log: dict) -> Judge:
+def train_judge(cfg: TrainConfig, out: Path, log: dict) -> Judge:
     torch.manual_seed(cfg.seed + 1)
-    judge = Judge().train()
+    dev = torch.device(cfg.device)
+    judge = Judge().to(dev)
+    stage = _Stage(out, "judge", cfg.judge_steps)
+    if stage.step:
+        judge.load_state_dict(stage.state["model"])
     opt = torch.optim.Adam(judge.parameters(), lr=2e-3)
-    bar = tqdm(range(cfg.judge_steps), desc="judge", dynamic_ncols=True)
-    for step in bar:
-        scenes = sample_scenes(cfg.judge_batch, seed=20_000_000 + step * cfg.judge_batch)
-        logits = judge.logits(images_to_tensor([s.image for s in scenes]))
-        labels = scene_labels(scenes)
-        loss = sum(F.cross_entropy(logits[k], labels[k]) for k in logits)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        bar.set_postfix(loss=f"{loss.item():.3f}")
-    log["judge_final_loss"] = loss.item()
+    if stage.step and not stage.state["done"]:
+        opt.load_state_dict(stage.state["optimizer"])
+    if not stage.state["done"]:
+        judge.train()
+        bar = stage.bar()
+        for step in bar:
+            scenes = sample_scenes(cfg.judge_batch, seed=20_000_000 + step * cfg.judge_batch)
+            logits = judge.logits(images_to_tensor([s.image for s in scenes]).to(dev))
+            labels = scene_labels(scenes)
+            loss = sum(F.cross_entropy(logits[k], labels[k].to(dev)) for k in logits)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+            done = step + 1 == cfg.judge_steps
+            if done or (step + 1) % cfg.checkpoint_every == 0:
+                stage.save(step + 1, done=done, model=_cpu(judge), optimizer=opt.state_dict(),
+                           loss=loss.item())
+    log["judge_final_loss"] = stage.state["loss"]
     return judge.eval()
 
 
-def tokenize_dataset(cfg: TrainConfig, vq) -> torch.Tensor:
+def tokenize_dataset(cfg: TrainConfig, vq, out: Path) -> torch.Tensor:  # noqa: ANN001
     """[ar_scenes, CAPTION_LEN + 1 + 256] ids: caption words, image start, image codes."""
+    path = out / "checkpoints" / "data.pt"
+    saved = _load_state(path)
+    if saved is not None:
+        return saved["ids"]
     rows = []
     for start in tqdm(range(0, cfg.ar_scenes, 256), desc="tokenize scenes", dynamic_ncols=True):
         scenes = sample_scenes(min(256, cfg.ar_scenes - start), seed=30_000_000 + start)
-        codes = vqlib.encode(vq, np.stack([s.image for s in scenes])) + len(WORDS)
+        codes = vqlib.encode(vq, np.stack([s.image for s in scenes])).cpu() + len(WORDS)
         caps = torch.tensor([tokenize_caption(s.caption) for s in scenes])
         rows.append(torch.cat([caps, codes], 1))
-    return torch.cat(rows)
+    ids = torch.cat(rows)
+    _save_state(path, {"ids": ids})
+    return ids
+
+
+def codebook_stats(codes: torch.Tensor, n_codes: int) -> dict:
+    """Usage (codes seen at least once) and perplexity exp(H) of the code frequencies."""
+    freq = torch.bincount(codes.flatten(), minlength=n_codes).double()
+    p = freq[freq > 0] / freq.sum()
+    return {"codebook_size": n_codes, "codebook_used": int((freq > 0).sum()),
+            "codebook_perplexity": round(float(torch.exp(-(p * p.log()).sum())), 1)}
 
 
 def train_ar(cfg: TrainConfig, data: torch.Tensor, out: Path, log: dict) -> Decoder:
     torch.manual_seed(cfg.seed + 2)
+    dev = torch.device(cfg.device)
     gen = torch.Generator().manual_seed(cfg.seed + 3)
-    model = Decoder(decoder_config(cfg, vqlib.VQ_KWARGS["num_embeddings"])).train()
+    model = Decoder(decoder_config(cfg, vqlib.VQ_KWARGS["num_embeddings"])).to(dev)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -160,61 +243,75 @@ def train_ar(cfg: TrainConfig, data: torch.Tensor, out: Path, log: dict) -> Deco
         lr=cfg.ar_lr,
         betas=(0.9, 0.95),
     )
+    stage = _Stage(out, "transformer", cfg.ar_steps)
+    if stage.step:
+        model.load_state_dict(stage.state["model"])
+        opt.load_state_dict(stage.state["optimizer"])
+        gen.set_state(stage.state["generator"])
     null = torch.tensor(tokenize_caption(None))
     n_text = len(WORDS)
-    bar = tqdm(range(cfg.ar_steps), desc="transformer", dynamic_ncols=True)
-    for step in bar:
-        ids = data[torch.randint(len(data), (cfg.ar_batch,), generator=gen)].clone()
-        drop = torch.rand(cfg.ar_batch, generator=gen) < cfg.caption_dropout
-        ids[drop, : CAPTION_LEN + 1] = null  # caption dropout: learn the unconditional model too
-        for g in opt.param_groups:
-            g["lr"] = _cosine_lr(step, cfg.ar_steps, cfg.ar_lr)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = model(ids[:, :-1])
-        # Position CAPTION_LEN (the image-start token) predicts the first image code.
-        target = ids[:, CAPTION_LEN + 1 :] - n_text
-        loss = F.cross_entropy(
-            logits[:, CAPTION_LEN:].float().reshape(-1, logits.shape[-1]), target.reshape(-1)
-        )
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        bar.set_postfix(loss=f"{loss.item():.3f}")
-        if (step + 1) % cfg.checkpoint_every == 0:
-            save_file(
-                {k: v.contiguous() for k, v in model.state_dict().items()},
-                str(out / "checkpoints" / f"ar_{step + 1}.safetensors"),
+    if not stage.state["done"]:
+        model.train()
+        bar = stage.bar()
+        for step in bar:
+            ids = data[torch.randint(len(data), (cfg.ar_batch,), generator=gen)].clone()
+            drop = torch.rand(cfg.ar_batch, generator=gen) < cfg.caption_dropout
+            ids[drop, : CAPTION_LEN + 1] = null  # caption dropout: learn the unconditional model
+            ids = ids.to(dev)
+            for g in opt.param_groups:
+                g["lr"] = _cosine_lr(step, cfg.ar_steps, cfg.ar_lr, cfg.ar_warmup)
+            with torch.autocast(dev.type, dtype=torch.bfloat16):
+                logits = model(ids[:, :-1])
+            # Position CAPTION_LEN (the image-start token) predicts the first image code.
+            target = ids[:, CAPTION_LEN + 1 :] - n_text
+            loss = F.cross_entropy(
+                logits[:, CAPTION_LEN:].float().reshape(-1, logits.shape[-1]), target.reshape(-1)
             )
-    log["ar_final_loss"] = loss.item()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+            done = step + 1 == cfg.ar_steps
+            if done or (step + 1) % cfg.checkpoint_every == 0:
+                stage.save(step + 1, done=done, model=_cpu(model), optimizer=opt.state_dict(),
+                           generator=gen.get_state(), loss=loss.item())
+    log["ar_final_loss"] = stage.state["loss"]
+    log["ar_seconds"] = stage.state["seconds"]
     return model.eval()
 
 
 def train(cfg: TrainConfig, out: Path) -> Path:
+    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {cfg.device}: no CUDA device is available here")
     torch.set_num_threads(cfg.threads)
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+    config_path = out / "checkpoints" / "config.json"
+    if config_path.is_file() and json.loads(config_path.read_text()) != asdict(cfg):
+        raise ValueError(f"{out} holds checkpoints of a run with other settings "
+                         f"({config_path}); use a new --out or the same options")
+    config_path.write_text(json.dumps(asdict(cfg), indent=2))
     log: dict = {}
     revision = _git_revision()  # of the code that trains, not of whatever HEAD is at the end
     t0 = time.time()
     vq = train_vq(cfg, out, log)
-    log["vq_seconds"] = round(time.time() - t0, 1)
-    judge = train_judge(cfg, log)
-    data = tokenize_dataset(cfg, vq)
-    t1 = time.time()
+    judge = train_judge(cfg, out, log)
+    data = tokenize_dataset(cfg, vq, out)
+    log |= codebook_stats(data[:, CAPTION_LEN + 1 :] - len(WORDS), vq.quantize.num_embeddings)
     model = train_ar(cfg, data, out, log)
-    log["ar_seconds"] = round(time.time() - t1, 1)
-    tensors = {f"vq.{k}": v for k, v in vq.state_dict().items()}
-    tensors |= {f"ar.{k}": v for k, v in model.state_dict().items()}
-    tensors |= {f"judge.{k}": v for k, v in judge.state_dict().items()}
+    tensors = {f"vq.{k}": v for k, v in _cpu(vq).items()}
+    tensors |= {f"ar.{k}": v for k, v in _cpu(model).items()}
+    tensors |= {f"judge.{k}": v for k, v in _cpu(judge).items()}
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "builtin.safetensors"))
     record = {
         "train_config": asdict(cfg),
         "decoder_config": decoder_config(cfg, vqlib.VQ_KWARGS["num_embeddings"]).to_dict(),
         "vq_config": vqlib.VQ_KWARGS,
         "final": log,
-        "total_seconds": round(time.time() - t0, 1),
+        "seconds_this_invocation": round(time.time() - t0, 1),
         "git_revision": revision,
         "torch": torch.__version__,
+        "device": cfg.device,
     }
     (out / "training.json").write_text(json.dumps(record, indent=2))
     return out / "builtin.safetensors"

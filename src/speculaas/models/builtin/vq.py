@@ -17,7 +17,7 @@ from transformers.models.janus.modeling_janus import JanusVQVAE
 from ..base import to_uint8
 
 VQ_KWARGS = dict(
-    embed_dim=8, num_embeddings=512, latent_channels=64, base_channels=32,
+    embed_dim=8, num_embeddings=4096, latent_channels=64, base_channels=32,
     channel_multiplier=[1, 2, 2], num_res_blocks=1, num_patches=16,
     projection_dim=32, image_token_embed_dim=32,
 )
