@@ -43,7 +43,7 @@ def sample_sequences(model, rule, jacobi, sampling, n=N_SAMPLES, chunk=6000, see
     counts = Counter()
     for start in range(0, n, chunk):
         b = min(chunk, n - start)
-        session = model.start([None] * b, cfg=False)
+        session = model.start([None] * b, cfg=sampling.uses_cfg)
         gens = generators_for(model, seed + start, b)
         res = jacobi_decode(model, session, rule, sampling, jacobi, gens)
         counts.update(map(tuple, res.tokens.tolist()))

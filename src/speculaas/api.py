@@ -86,7 +86,8 @@ def generators_for(model: ImageModel, seed: int | list[int], batch: int) -> list
 def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[int] = 0,
              window: int = 16, temperature: float | None = None, top_k: int | None = None,
              top_p: float | None = None, cfg_scale: float | None = None,
-             draft_init: str = "uniform", advance: str = "per_image", progress: bool = False,
+             draft_init: str = "uniform", coupling: str = "none", advance: str = "per_image",
+             progress: bool = False,
              decode_images: bool = True, profile: bool = False, **options) -> GenerationOutput:
     """Generate one image per prompt with `method` (see METHODS); method options by name
     (csd: lam, delta, filter; gsd: group_size, prob_threshold, dist_threshold; lantern: k,
@@ -97,7 +98,7 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
         raise ValueError("prompts is empty; pass one prompt (or None) per image")
     rule = build_rule(model, method, **options)
     sampling = resolve_sampling(model, temperature, top_k, top_p, cfg_scale)
-    jacobi = JacobiConfig(window=window, draft_init=draft_init, advance=advance)
+    jacobi = JacobiConfig(window=window, draft_init=draft_init, coupling=coupling, advance=advance)
     gens = generators_for(model, seed, len(prompts))
     bar = None
     if progress:

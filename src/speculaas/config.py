@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-DRAFT_INITS = ("uniform", "onehot")
+# Names of the drafters in decoding/drafting.py (checked against its registries in the tests).
+DRAFT_INITS = ("uniform", "onehot", "vertical", "vertical_sample")
+COUPLINGS = ("none", "maximal", "gumbel")
 ADVANCE_MODES = ("per_image", "batch_min")
 
 
@@ -46,9 +48,15 @@ class JacobiConfig:
 
     window: W input slots per forward (the last committed token + W - 1 drafts), so at most W
         tokens are committed per target forward. W = 1 is plain autoregressive decoding.
-    draft_init: distribution of fresh draft slots: "uniform" (a uniform random token whose draft
-        distribution is uniform, as CSD does) or "onehot" (the same token, its draft
-        distribution one-hot at itself, as SJD's code does; accepts fresh drafts less often).
+    draft_init: what fresh draft slots hold: "uniform" (a uniform random token whose draft
+        distribution is uniform, as CSD does), "onehot" (the same token, declared one-hot at
+        itself, as SJD's code does; accepted less often), "vertical" (the token one row above,
+        declared one-hot), "vertical_sample" (a sample from the target distribution stored for
+        the slot above, declared as that distribution).
+    coupling: how tail slots after the first rejection become the next drafts: "none"
+        (independent redraw from the new target, SJD), "maximal" (keep the old draft with
+        probability min(1, target/draft), else draw from the residual), "gumbel" (argmax of
+        log target + Gumbel noise fixed per image and position). All exact for every rule.
     advance: "per_image" (each image commits its own accepted prefix) or "batch_min" (every image
         advances by the batch's smallest accepted length, as the reference code does; biased and
         slower, kept for comparison).
@@ -56,6 +64,7 @@ class JacobiConfig:
 
     window: int = 16
     draft_init: str = "uniform"
+    coupling: str = "none"
     advance: str = "per_image"
 
     def __post_init__(self) -> None:
@@ -63,5 +72,7 @@ class JacobiConfig:
             raise ValueError(f"window must be an integer >= 1, got {self.window!r}")
         if self.draft_init not in DRAFT_INITS:
             raise ValueError(f"unknown draft_init {self.draft_init!r}; valid: {DRAFT_INITS}")
+        if self.coupling not in COUPLINGS:
+            raise ValueError(f"unknown coupling {self.coupling!r}; valid: {COUPLINGS}")
         if self.advance not in ADVANCE_MODES:
             raise ValueError(f"unknown advance {self.advance!r}; valid: {ADVANCE_MODES}")

@@ -6,8 +6,9 @@ One iteration, for each unfinished image with n committed tokens:
   verify  d_j against q_j with the rule; a = index of the first rejection (K if none)
   commit  d_0 .. d_{a-1}, then one token at position n + a: resampled from the rule's residual
           if d_a was rejected, else (all K accepted) a bonus token from q_K
-  recycle fresh samples y_j ~ q_j for j > a become the next drafts, with q_j as their draft
-          distribution (the Jacobi update); the rest of the window is filled with fresh drafts
+  recycle the drafter's coupling turns slots j > a into the next drafts, declared as q_j
+          (independent samples y_j ~ q_j is the Jacobi update); the drafter's initialiser
+          fills the rest of the window with fresh drafts (see drafting.py)
 The KV cache needs no explicit rollback: each image writes its next window at its committed
 length and attention masks keys beyond the query's position.
 """
@@ -23,6 +24,7 @@ from ..acceptance.functional import entropy, first_rejection
 from ..config import JacobiConfig, SamplingConfig
 from ..models.base import ImageModel, Session
 from ..sampling import sample_with_uniform, target_probs
+from .drafting import COUPLINGS, FRESH_INITS, FreshSlots, Tail
 from .result import DecodeResult, draw
 
 
@@ -58,6 +60,8 @@ def jacobi_decode(
     forward_passes = torch.zeros(batch, dtype=torch.long, device=dev)
     hist = torch.zeros(batch, window, dtype=torch.long, device=dev)
     rule_seconds, it = 0.0, 0
+    init = FRESH_INITS[jacobi.draft_init](vocab, length // model.layout.grid[0], batch, dev)
+    coupling = COUPLINGS[jacobi.coupling](vocab, generators, dev)
 
     while True:
         act = (n < length).nonzero().squeeze(1)
@@ -72,18 +76,15 @@ def jacobi_decode(
         u_accept, u_sample = rnd[:, :window], rnd[:, window : 2 * window]
         u_extra, u_fresh = rnd[:, 2 * window], rnd[:, 2 * window + 1 :]
 
-        # Drafts: recycled ones first, fresh uniform ones after, forced tokens where required.
+        # Drafts: recycled ones first, fresh ones after, forced tokens where required.
         pos = na[:, None] + slots[:L]  # [b, L] generated positions of the outputs
         f = forced[pos]
         fresh = slots[:K] >= n_recycled[act, None]
-        d = torch.where(
-            fresh, (u_fresh[:, :K] * vocab).long().clamp_(max=vocab - 1), drafts[act, :K]
-        )
-        dp = draft_probs[act, :K]
-        if jacobi.draft_init == "uniform":
-            dp = torch.where(fresh[..., None], torch.full_like(dp, 1.0 / vocab), dp)
-        else:
-            dp = torch.where(fresh[..., None], _onehot(d, vocab, dp.dtype), dp)
+        d, dp = drafts[act, :K], draft_probs[act, :K]
+        fd, fdp = init.fill(FreshSlots(act, pos[:, :K], fresh, na, na + n_recycled[act], d, dp,
+                                       seq, u_fresh[:, :K]))
+        d = torch.where(fresh, fd, d)
+        dp = torch.where(fresh[..., None], fdp, dp)
         fk = f[:, :K]
         d = torch.where(fk >= 0, fk, d)
         dp = torch.where((fk >= 0)[..., None], _onehot(fk.clamp(min=0), vocab, dp.dtype), dp)
@@ -116,10 +117,10 @@ def jacobi_decode(
         if K > 0:
             extra_probs = torch.where(rejected[:, None], residual, extra_probs)
         extra = sample_with_uniform(extra_probs, u_extra)
-        y = sample_with_uniform(q, u_sample[:, :L])  # the target's own sample at every slot
+        y, y_dist = coupling.redraft(Tail(act, d, dp, q, pos, u_accept[:, :L], u_sample[:, :L]))
 
         # Slot j carries: an accepted draft (j < a), the committed extra (j == a), or the
-        # target's sample with q as its distribution (j > a).
+        # coupling's next draft with its declared distribution (j > a).
         j = slots[:L]
         d_pad = torch.cat([d, y[:, K:]], 1)
         out_tok = torch.where(
@@ -130,10 +131,11 @@ def jacobi_decode(
             # accepted drafts are recycled with their old draft distribution and tested again.
             limit = acc.min().expand(b)
             dp_pad = torch.cat([dp, q[:, K:]], 1)
-            out_dist = torch.where((j < acc[:, None])[..., None], dp_pad, q)
+            out_dist = torch.where((j < acc[:, None])[..., None], dp_pad, y_dist)
         else:
-            limit, out_dist = acc, q
+            limit, out_dist = acc, y_dist
         keep = j <= limit[:, None]
+        init.committed(act, pos, keep, q)
         cols = torch.where(keep, pos, dump)
         seq[act[:, None], cols] = out_tok
         commit_step[act[:, None], cols] = it

@@ -132,6 +132,8 @@ class ToyModel(ImageModel):
 
     With vocab V and length T there are V**T sequences, so the exact distribution of any
     sampling configuration can be enumerated (`exact_distribution`) and compared with samples.
+    `rows` lays the T positions out as a rows x (T / rows) grid (for drafters that look one row
+    up). A second table is the unconditional branch, so CFG (`cfg_scale`) can be tested too.
     """
 
     name = "toy"
@@ -142,6 +144,7 @@ class ToyModel(ImageModel):
         length: int = 4,
         seed: int = 0,
         scale: float = 1.5,
+        rows: int = 1,
         device: str | torch.device = "cpu",
     ) -> None:
         if vocab_size**length > 100_000:
@@ -151,12 +154,16 @@ class ToyModel(ImageModel):
             )
         self.vocab_size = int(vocab_size)
         self.length = int(length)
-        self.layout = Layout.raster(1, self.length)
+        if rows < 1 or self.length % rows:
+            raise ValueError(f"toy model: rows={rows!r} must divide length {self.length}")
+        self.layout = Layout.raster(rows, self.length // rows)
         self.defaults = SamplingConfig()
         self.device = torch.device(device)
         gen = torch.Generator().manual_seed(seed)
         n_prefixes = sum(vocab_size**t for t in range(length))
         self.table = (scale * torch.randn(n_prefixes, vocab_size, generator=gen)).to(self.device)
+        self.uncond_table = (scale * torch.randn(n_prefixes, vocab_size, generator=gen)).to(
+            self.device)
         # Row of the table for a prefix of length t: (V**t - 1) / (V - 1) + its base-V value.
         self._base = [(vocab_size**t - 1) // (vocab_size - 1) for t in range(length + 1)]
 
@@ -172,9 +179,7 @@ class ToyModel(ImageModel):
     def start(self, prompts: list, *, cfg: bool) -> Session:
         if any(p is not None for p in prompts):
             raise ValueError("the toy model is unconditional; pass None prompts")
-        if cfg:
-            raise ValueError("the toy model has no unconditional branch for CFG")
-        return _ToySession(self, len(prompts))
+        return _ToySession(self, len(prompts), cfg)
 
     def decode(self, tokens: torch.Tensor) -> list[Image.Image]:
         return _paint(tokens, self.grid, self.vocab_size)
@@ -186,14 +191,16 @@ class ToyModel(ImageModel):
             list(itertools.product(range(self.vocab_size), repeat=self.length)), device=self.device
         )
         upto = torch.arange(self.length, device=self.device).expand(len(seqs), -1)
-        probs = target_probs(self.table[self.prefix_index(seqs, upto)], None, sampling)
+        rows = self.prefix_index(seqs, upto)
+        uncond = self.uncond_table[rows] if sampling.uses_cfg else None
+        probs = target_probs(self.table[rows], uncond, sampling)
         p = probs.gather(-1, seqs.unsqueeze(-1)).squeeze(-1).prod(-1)
         return {tuple(s.tolist()): float(v) for s, v in zip(seqs, p, strict=True)}
 
 
 class _ToySession(Session):
-    def __init__(self, model: ToyModel, batch: int) -> None:
-        self.model = model
+    def __init__(self, model: ToyModel, batch: int, cfg: bool) -> None:
+        self.model, self.cfg = model, cfg
         self.batch_size = batch
         self.seqs = torch.zeros(batch, model.length + 64, dtype=torch.long, device=model.device)
 
@@ -207,4 +214,4 @@ class _ToySession(Session):
         rows = self.model.prefix_index(
             self.seqs[images], (pos + 1).clamp(max=self.model.length - 1)
         )
-        return self.model.table[rows], None
+        return self.model.table[rows], self.model.uncond_table[rows] if self.cfg else None

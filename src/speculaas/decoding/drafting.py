@@ -1,0 +1,266 @@
+"""Drafting: what the window's draft slots hold. The third part of the engine beside the loop and
+the acceptance rule; rules never see it.
+
+The loop asks two questions every iteration:
+(a) *fresh slots* (positions no earlier iteration drafted): which token, declared as drawn from
+    which distribution? That is a `FreshInit` (option `draft_init`).
+(b) *tail slots* (after the first rejection): how do this iteration's drafts and targets become
+    the next iteration's drafts? That is a `Coupling` (option `coupling`).
+
+Contract that keeps every rule exact: a declared draft distribution is the law the token was
+actually drawn from, given everything that decides whether its slot is reached. The acceptance
+rule may be relaxed (it decides what is committed); the keep-or-redraw of tail slots never is.
+Adding a drafter means writing one subclass of either base and registering its name.
+
+Shapes: b active images, K draft slots, L = K + 1 output slots, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from ..acceptance.functional import acceptance_ratio, residual_probs
+from ..sampling import sample_with_uniform
+
+
+@dataclass
+class FreshSlots:
+    """What a `FreshInit` may look at for one iteration.
+
+    act [b]: which images of the batch. pos [b, K]: generated positions of the draft slots.
+    fresh [b, K] bool: slots to fill. committed_len [b]: committed tokens per image (n).
+    first_fresh [b]: position of each image's first fresh slot (everything before it is
+    committed or an earlier draft). drafts [b, K], draft_probs [b, K, V]: the slots as recycled
+    (meaningful where not fresh). committed [B, >=T]: committed tokens by position, for the
+    whole batch (index it with act).
+    uniforms [b, K]: one uniform per slot, independent of every other use.
+    """
+
+    act: torch.Tensor
+    pos: torch.Tensor
+    fresh: torch.Tensor
+    committed_len: torch.Tensor
+    first_fresh: torch.Tensor
+    drafts: torch.Tensor
+    draft_probs: torch.Tensor
+    committed: torch.Tensor
+    uniforms: torch.Tensor
+
+
+class FreshInit(ABC):
+    """Fills fresh draft slots. One instance per decode (it may keep per-image state)."""
+
+    name: str
+
+    def __init__(self, vocab: int, row_stride: int, batch: int, device: torch.device) -> None:
+        self.vocab, self.row_stride = vocab, row_stride
+
+    @abstractmethod
+    def fill(self, s: FreshSlots) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (tokens [b, K], declared draft distributions [b, K, V]); only fresh slots are read."""
+
+    def committed(self, act: torch.Tensor, pos: torch.Tensor, keep: torch.Tensor,
+                  target_probs: torch.Tensor) -> None:
+        """Told the targets of the positions each image committed this iteration (keep [b, L])."""
+
+    def _uniform(self, s: FreshSlots) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = (s.uniforms * self.vocab).long().clamp_(max=self.vocab - 1)
+        return tokens, s.draft_probs.new_full((1, 1, self.vocab), 1.0 / self.vocab)
+
+    def _above(self, s: FreshSlots) -> tuple[torch.Tensor, torch.Tensor]:
+        """Nearest position straight above each slot that is not itself fresh: [b, K]; and
+        whether it exists (False in the first row)."""
+        k = torch.div(s.pos - s.first_fresh[:, None], self.row_stride, rounding_mode="floor") + 1
+        src = s.pos - self.row_stride * k
+        return src, src >= 0
+
+
+def _onehot(tokens: torch.Tensor, vocab: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.nn.functional.one_hot(tokens, vocab).to(dtype)
+
+
+class UniformInit(FreshInit):
+    """A uniform random token declared uniform (CSD's and SJD-PAC's code)."""
+
+    name = "uniform"
+
+    def fill(self, s: FreshSlots) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens, uniform = self._uniform(s)
+        return tokens, uniform.expand_as(s.draft_probs)
+
+
+class OneHotInit(FreshInit):
+    """A uniform random token declared one-hot at itself (SJD's code); exact, accepted less."""
+
+    name = "onehot"
+
+    def fill(self, s: FreshSlots) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens, _ = self._uniform(s)
+        return tokens, _onehot(tokens, self.vocab, s.draft_probs.dtype)
+
+
+class VerticalInit(FreshInit):
+    """The token one row above (committed, or the recycled draft there), declared one-hot: a
+    deterministic function of known tokens, so one-hot is its exact law (SJD paper, Fig. 9).
+    First-row slots fall back to uniform."""
+
+    name = "vertical"
+
+    def fill(self, s: FreshSlots) -> tuple[torch.Tensor, torch.Tensor]:
+        src, has = self._above(s)
+        n = s.committed_len
+        rel = (src - n[:, None]).clamp(min=0, max=s.drafts.shape[1] - 1)
+        above = torch.where(src < n[:, None], s.committed[s.act[:, None], src.clamp(min=0)],
+                            s.drafts.gather(1, rel))
+        rand, uniform = self._uniform(s)
+        tokens = torch.where(has, above, rand)
+        probs = torch.where(has[..., None], _onehot(tokens, self.vocab, s.draft_probs.dtype),
+                            uniform)
+        return tokens, probs
+
+
+class VerticalSampleInit(FreshInit):
+    """A sample from the target distribution stored for the slot above (committed: the target
+    that decided it; recycled: its declared draft distribution), declared as that distribution.
+    Keeps one row of distributions per image. First-row slots fall back to uniform."""
+
+    name = "vertical_sample"
+
+    def __init__(self, vocab: int, row_stride: int, batch: int, device: torch.device) -> None:
+        super().__init__(vocab, row_stride, batch, device)
+        # Ring of the last row of committed targets, by position mod stride; the extra entry
+        # absorbs writes that are not needed.
+        self.ring = torch.full((batch, row_stride + 1, vocab), 1.0 / vocab, device=device)
+
+    def fill(self, s: FreshSlots) -> tuple[torch.Tensor, torch.Tensor]:
+        src, has = self._above(s)
+        n = s.committed_len
+        rel = (src - n[:, None]).clamp(min=0, max=s.drafts.shape[1] - 1)
+        ring_rows = self.ring[s.act[:, None], src.clamp(min=0) % self.row_stride]  # [b, K, V]
+        probs = torch.where((src < n[:, None])[..., None], ring_rows,
+                            s.draft_probs.gather(1, rel[..., None].expand_as(s.draft_probs)))
+        rand, uniform = self._uniform(s)
+        probs = torch.where(has[..., None], probs, uniform)
+        return sample_with_uniform(probs, s.uniforms), probs
+
+    def committed(self, act: torch.Tensor, pos: torch.Tensor, keep: torch.Tensor,
+                  target_probs: torch.Tensor) -> None:
+        # Only the last row of committed positions matters; older ones would collide mod stride.
+        last = (pos * keep).max(1, keepdim=True).values
+        write = keep & (pos > last - self.row_stride)
+        slot = torch.where(write, pos % self.row_stride, self.row_stride)
+        self.ring[act[:, None], slot] = target_probs
+
+
+@dataclass
+class Tail:
+    """One iteration's window after verification, for a `Coupling`.
+
+    drafts [b, K] and draft_probs [b, K, V]: what was verified; target_probs [b, L, V];
+    pos [b, L] generated positions; u_keep [b, L] and u_draw [b, L]: uniforms (u_keep is the
+    verification uniform, reused: a tail slot's verification never decides anything).
+    """
+
+    act: torch.Tensor
+    drafts: torch.Tensor
+    draft_probs: torch.Tensor
+    target_probs: torch.Tensor
+    pos: torch.Tensor
+    u_keep: torch.Tensor
+    u_draw: torch.Tensor
+
+
+class Coupling(ABC):
+    """Turns a verified window into the next drafts of its tail slots."""
+
+    name: str
+
+    def __init__(self, vocab: int, generators: list[torch.Generator],
+                 device: torch.device) -> None:
+        self.vocab = vocab
+
+    @abstractmethod
+    def redraft(self, t: Tail) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (next drafts [b, L], their declared distributions [b, L, V]), for every slot; the
+        loop uses those after the first rejection. Each token's law must be its declared one."""
+
+
+class Independent(Coupling):
+    """SJD: every tail slot redrawn independently from the new target."""
+
+    name = "none"
+
+    def redraft(self, t: Tail) -> tuple[torch.Tensor, torch.Tensor]:
+        return sample_with_uniform(t.target_probs, t.u_draw), t.target_probs
+
+
+class Maximal(Coupling):
+    """Maximal coupling (SCD's pi_MC, SJD-PAC's adaptive continuation): keep the old draft with
+    probability min(1, target/draft), else draw from norm(max(0, target - draft)). The result
+    is distributed as the new target, which is what it declares (the public code declares the
+    old draft distribution for kept tokens, which is not exact)."""
+
+    name = "maximal"
+
+    def redraft(self, t: Tail) -> tuple[torch.Tensor, torch.Tensor]:
+        k = t.drafts.shape[1]
+        q = t.target_probs
+        keep = t.u_keep[:, :k] < acceptance_ratio(t.drafts, t.draft_probs, q[:, :k])
+        res = residual_probs(t.draft_probs, q[:, :k])
+        redrawn = sample_with_uniform(res, t.u_draw[:, :k])
+        last = sample_with_uniform(q[:, k:], t.u_draw[:, k:])  # no draft there yet
+        return torch.cat([torch.where(keep, t.drafts, redrawn), last], 1), q
+
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """An integer mixer (lowbias32) on int64 tensors holding 32-bit values."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _MASK32
+    return x ^ (x >> 16)
+
+
+def gumbel_noise(keys: torch.Tensor, pos: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Gumbel noise fixed per (image key, absolute position): keys [b], pos [b, L] -> [b, L, V].
+
+    A hash of (key, position, token), not a random draw: the same position gets the same noise
+    at every iteration until it is committed, and no random tensor is kept or drawn.
+    """
+    base = _hash32((keys[:, None] + _hash32((pos + 0x632BE5AB) & _MASK32)) & _MASK32)
+    v = (torch.arange(vocab, device=pos.device) * 0x9E3779B1) & _MASK32
+    u = (_hash32(base[..., None] ^ v).float() + 0.5) * (1.0 / 2**32)
+    return -torch.log(-torch.log(u))
+
+
+class GumbelShared(Coupling):
+    """Gumbel-sharing coupling (SCD's pi_GS): draft = argmax(log target + G), G fixed per
+    (image, absolute position), so consecutive drafts agree where the target barely moved."""
+
+    name = "gumbel"
+
+    def __init__(self, vocab: int, generators: list[torch.Generator],
+                 device: torch.device) -> None:
+        super().__init__(vocab, generators, device)
+        # One 31-bit key per image, drawn from its own stream before decoding starts, so the
+        # noise is reproducible from the seed and independent of every later uniform.
+        self.keys = torch.stack([torch.randint(0, 2**31 - 1, (1,), generator=g, device=device)[0]
+                                 for g in generators])
+
+    def redraft(self, t: Tail) -> tuple[torch.Tensor, torch.Tensor]:
+        q = t.target_probs
+        noise = gumbel_noise(self.keys[t.act], t.pos, self.vocab)
+        return (q.log() + noise).argmax(-1), q
+
+
+FRESH_INITS: dict[str, type[FreshInit]] = {
+    c.name: c for c in (UniformInit, OneHotInit, VerticalInit, VerticalSampleInit)
+}
+COUPLINGS: dict[str, type[Coupling]] = {c.name: c for c in (Independent, Maximal, GumbelShared)}
+
