@@ -11,6 +11,7 @@ from PIL import Image
 from . import acceptance
 from .config import JacobiConfig, SamplingConfig
 from .decoding import DecodeResult, autoregressive_decode, jacobi_decode
+from .decoding.window import WindowPolicy
 from .models.base import ImageModel
 
 METHODS = ("ar", "sjd", "csd", "gsd", "lantern", "amplify", "addition")
@@ -39,6 +40,7 @@ class GenerationOutput:
     rule_seconds: float
     options: dict = field(default_factory=dict)
     sequence: torch.Tensor | None = None  # generated tokens including structural ones
+    mean_window: torch.Tensor | None = None  # [B] mean window per image (1 for AR)
 
     @property
     def step_compression(self) -> torch.Tensor:
@@ -84,7 +86,7 @@ def generators_for(model: ImageModel, seed: int | list[int], batch: int) -> list
 
 
 def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[int] = 0,
-             window: int = 16, temperature: float | None = None, top_k: int | None = None,
+             window: int | str | WindowPolicy = 16, temperature: float | None = None, top_k: int | None = None,
              top_p: float | None = None, cfg_scale: float | None = None,
              draft_init: str = "uniform", coupling: str = "none", advance: str = "per_image",
              progress: bool = False,
@@ -98,7 +100,9 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
         raise ValueError("prompts is empty; pass one prompt (or None) per image")
     rule = build_rule(model, method, **options)
     sampling = resolve_sampling(model, temperature, top_k, top_p, cfg_scale)
-    jacobi = JacobiConfig(window=window, draft_init=draft_init, coupling=coupling, advance=advance)
+    policy = window if isinstance(window, WindowPolicy) else None
+    jacobi = JacobiConfig(window=policy.max_window if policy else window, draft_init=draft_init,
+                          coupling=coupling, advance=advance)
     gens = generators_for(model, seed, len(prompts))
     bar = None
     if progress:
@@ -112,7 +116,8 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
     if rule is None:
         res: DecodeResult = autoregressive_decode(model, session, sampling, gens, bar)
     else:
-        res = jacobi_decode(model, session, rule, sampling, jacobi, gens, bar, profile=profile)
+        res = jacobi_decode(model, session, rule, sampling, jacobi, gens, bar, profile=profile,
+                            policy=policy)
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
     latency = time.perf_counter() - t0
@@ -130,5 +135,8 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
         forward_passes=res.forward_passes.cpu(), commit_step=grid(res.commit_step),
         drafted=grid(res.drafted), entropy=grid(res.entropy), accept_hist=res.accept_hist.cpu(),
         latency_s=latency, rule_seconds=res.rule_seconds,
-        options={"window": window, **options, **vars(sampling)},
-        sequence=res.tokens.cpu())
+        options={"window": jacobi.window, "draft_init": draft_init, "coupling": coupling,
+                 **options, **vars(sampling)},
+        sequence=res.tokens.cpu(),
+        mean_window=(res.mean_window.cpu() if res.mean_window is not None
+                     else torch.ones(len(prompts))))

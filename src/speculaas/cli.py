@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .config import COUPLINGS, DRAFT_INITS
+
 RULE_FLAGS = {  # flag -> option name of the acceptance rules
     "lam": float, "delta": float, "filter": str, "group_size": int, "prob_threshold": float,
     "dist_threshold": float, "k": float, "eps": float,
@@ -63,6 +65,10 @@ def add_decoding_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="adapter option, e.g. vq=vq_ds16_c2i.pt, image_size=384, grid=48,48")
     p.add_argument("--window", type=int, default=16)
+    p.add_argument("--draft-init", default="uniform", choices=DRAFT_INITS,
+                   help="what fresh draft slots hold")
+    p.add_argument("--coupling", default="none", choices=COUPLINGS,
+                   help="how tail slots become the next drafts (maximal/gumbel: coupled)")
     p.add_argument("--temperature", type=float, default=None)
     p.add_argument("--top-k", type=int, default=None, help="0 switches top-k off")
     p.add_argument("--top-p", type=float, default=None)
@@ -80,7 +86,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
     prompts = [_parse_prompt(args.model, p) for p in args.prompt] * args.num_images
     out = sp.generate(model, prompts, method=args.method, seed=args.seed, window=args.window,
                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                      cfg_scale=args.cfg_scale, progress=True, **_rule_options(args))
+                      cfg_scale=args.cfg_scale, draft_init=args.draft_init,
+                      coupling=args.coupling, progress=True, **_rule_options(args))
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     paths = [path] if len(prompts) == 1 else [

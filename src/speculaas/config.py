@@ -48,6 +48,8 @@ class JacobiConfig:
 
     window: W input slots per forward (the last committed token + W - 1 drafts), so at most W
         tokens are committed per target forward. W = 1 is plain autoregressive decoding.
+        "auto": chosen per iteration and image from the measured cost of a window forward and
+        the image's acceptance so far (decoding/window.py), up to 64.
     draft_init: what fresh draft slots hold: "uniform" (a uniform random token whose draft
         distribution is uniform, as CSD does), "onehot" (the same token, declared one-hot at
         itself, as SJD's code does; accepted less often), "vertical" (the token one row above,
@@ -62,14 +64,15 @@ class JacobiConfig:
         slower, kept for comparison).
     """
 
-    window: int = 16
+    window: int | str = 16
     draft_init: str = "uniform"
     coupling: str = "none"
     advance: str = "per_image"
 
     def __post_init__(self) -> None:
-        if isinstance(self.window, bool) or int(self.window) != self.window or self.window < 1:
-            raise ValueError(f"window must be an integer >= 1, got {self.window!r}")
+        if self.window != "auto" and (not isinstance(self.window, int)
+                                      or isinstance(self.window, bool) or self.window < 1):
+            raise ValueError(f"window must be an integer >= 1 or 'auto', got {self.window!r}")
         if self.draft_init not in DRAFT_INITS:
             raise ValueError(f"unknown draft_init {self.draft_init!r}; valid: {DRAFT_INITS}")
         if self.coupling not in COUPLINGS:

@@ -41,14 +41,15 @@ def quintile_edges(details: list[np.ndarray]) -> np.ndarray:
 
 
 def prompt_fidelity(judge, images: list, captions: list[str]) -> float:  # noqa: ANN001
-    """Share of requested attributes (main shape, main colour, background) the judge sees."""
+    """Share of requested attributes (main shape, colour and position, background) the judge
+    sees; attributes the judge has no head for are not counted."""
     from ..models.builtin.judge import caption_labels, predict
 
     pred = predict(judge, images)
     hits = []
     for i, cap in enumerate(captions):
         want = caption_labels(cap)
-        hits += [int(pred[k][i]) == v for k, v in want.items()]
+        hits += [int(pred[k][i]) == v for k, v in want.items() if k in pred]
     return float(np.mean(hits))
 
 

@@ -115,6 +115,11 @@ def _peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _decode_options(cfg: BenchConfig, v: Variant) -> dict:
+    """A variant's options over the run's defaults: `csd:window=32:coupling=maximal` works."""
+    return {"window": cfg.window, **v.options}
+
+
 def run(cfg: BenchConfig) -> dict | None:
     """Run (or resume) the benchmark; returns the summary on rank 0, None elsewhere."""
     from accelerate import PartialState
@@ -145,15 +150,15 @@ def run(cfg: BenchConfig) -> dict | None:
                 if _key(v.label, i, s) not in done]
         if cfg.warmup and todo:
             for v in cfg.variants:  # one unrecorded image per variant: caches, allocator, JIT
-                generate(model, [prompts[0]], method=v.method, seed=0, window=cfg.window,
-                         decode_images=False, **v.options)
+                generate(model, [prompts[0]], method=v.method, seed=0, decode_images=False,
+                         **_decode_options(cfg, v))
         bar = tqdm(todo, desc=f"bench rank {state.process_index}", dynamic_ncols=True,
                    disable=not state.is_local_main_process)
         with results_path.open("a") as f:
             for v, i, s in bar:
                 seed = 1000 * i + s  # per (prompt, seed) item: independent of sharding
                 out = generate(model, [prompts[i]], method=v.method, seed=seed,
-                               window=cfg.window, decode_images=False, profile=True, **v.options)
+                               decode_images=False, profile=True, **_decode_options(cfg, v))
                 row = {
                     "variant": v.label, "method": v.method, "options": v.options,
                     "prompt_index": i, "prompt": prompts[i], "seed": s,

@@ -26,6 +26,7 @@ from ..models.base import ImageModel, Session
 from ..sampling import sample_with_uniform, target_probs
 from .drafting import COUPLINGS, FRESH_INITS, FreshSlots, Tail
 from .result import DecodeResult, draw
+from .window import WindowPolicy, make_policy
 
 
 def _sync(device: torch.device) -> None:
@@ -43,9 +44,12 @@ def jacobi_decode(
     generators: list[torch.Generator],
     progress=None,  # noqa: ANN001
     profile: bool = False,
+    policy: WindowPolicy | None = None,
 ) -> DecodeResult:
     batch, length = session.batch_size, model.layout.length
-    vocab, window, dev = model.vocab_size, jacobi.window, model.device
+    policy = make_policy(jacobi.window) if policy is None else policy
+    policy.begin(model, session, sampling.uses_cfg)
+    vocab, window, dev = model.vocab_size, policy.max_window, model.device
     slots = torch.arange(window, device=dev)
     forced = torch.cat([model.layout.forced.to(dev), torch.full((window,), -1, device=dev)])
     dump = length + window  # column that absorbs writes of uncommitted slots
@@ -69,7 +73,8 @@ def jacobi_decode(
             break
         b, na = act.numel(), n[act]
         rows = torch.arange(b, device=dev)
-        outputs = (length - na).clamp(max=window)  # distributions each image still needs
+        w_act = policy.choose(act)
+        outputs = torch.minimum(length - na, w_act)  # distributions each image uses
         L = int(outputs.max())
         K = L - 1
         rnd = draw(generators, act, 3 * window + 1, dev)
@@ -149,6 +154,7 @@ def jacobi_decode(
         n[act] = na + limit + 1
         forward_passes[act] += 1
         hist[act, limit] += 1
+        policy.observe(act, w_act, outputs, acc)
         it += 1
         if progress is not None:
             progress.update(int((limit + 1).clamp(max=length - na).sum()))
@@ -162,6 +168,7 @@ def jacobi_decode(
         accept_hist=hist,
         iterations=it,
         rule_seconds=rule_seconds,
+        mean_window=policy.mean_window(),
     )
 
 

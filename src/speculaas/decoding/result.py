@@ -17,6 +17,7 @@ class DecodeResult:
     sampled by the target at that iteration). entropy [B, T]: entropy (nats) of the target
     distribution that decided each position. accept_hist [B, W]: how many iterations accepted
     0, 1, ..., W - 1 drafts. rule_seconds: time spent inside the acceptance rule.
+    mean_window [B]: mean window each image got (the window policy may vary it).
     """
 
     tokens: torch.Tensor
@@ -27,6 +28,7 @@ class DecodeResult:
     accept_hist: torch.Tensor
     iterations: int
     rule_seconds: float = 0.0
+    mean_window: torch.Tensor | None = None
 
 
 def draw(generators: list[torch.Generator], rows: torch.Tensor, count: int,

@@ -30,12 +30,18 @@ class DecoderConfig:
         return asdict(self)
 
 
-def _rope(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
-    """Rotary embedding. x [rows, heads, L, head_dim]; pos [rows, L] absolute positions."""
+def rope_tables(max_len: int, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of every (position, frequency) pair: [max_len, head_dim // 2] each."""
+    half = head_dim // 2
+    freqs = base ** (-torch.arange(half, dtype=torch.float32) / half)
+    ang = torch.arange(max_len, dtype=torch.float32)[:, None] * freqs
+    return ang.cos(), ang.sin()
+
+
+def _rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Rotary embedding. x [rows, heads, L, head_dim]; rope: cos, sin [rows, 1, L, half]."""
+    cos, sin = (t.to(x.dtype) for t in rope)
     half = x.shape[-1] // 2
-    freqs = base ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
-    ang = pos.to(torch.float32)[:, None, :, None] * freqs  # [rows, 1, L, half]
-    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
@@ -70,15 +76,17 @@ class Block(nn.Module):
         shape = (rows, length, self.cfg.n_heads, -1)
         return (t.view(shape).transpose(1, 2) for t in (q, k, v))  # type: ignore[return-value]
 
-    def forward(self, x, pos, layer_cache=None, rows=None, mask=None):  # noqa: ANN001, ANN201
-        """x [rows, L, d]; pos [rows, L]. Without a cache: plain causal self-attention (training).
+    def forward(self, x, pos, rope, layer_cache=None, rows=None, mask=None, all_rows=False):  # noqa: ANN001, ANN201, E501
+        """x [rows, L, d]; pos [rows, L]; rope: cos, sin tables at pos. Without a cache: plain
+        causal self-attention (training).
 
         With a cache (`layer_cache` = (k, v) of this layer, `rows` the cache rows these inputs
         belong to, `mask` [rows, 1, L, S]): the window's keys/values are written at their
         positions, then the queries attend to the first S cached positions of their rows.
+        `all_rows`: rows is every cache row in order, so the cache is read as a view.
         """
         q, k, v = self._heads(x)
-        q, k = _rope(q, pos, self.cfg.rope_base), _rope(k, pos, self.cfg.rope_base)
+        q, k = _rope(q, rope), _rope(k, rope)
         if layer_cache is None:
             att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
@@ -87,9 +95,11 @@ class Block(nn.Module):
             ck[rows[:, None], :, pos] = k.transpose(1, 2)
             cv[rows[:, None], :, pos] = v.transpose(1, 2)
             span = mask.shape[-1]
-            att = F.scaled_dot_product_attention(
-                q, ck[rows, :, :span], cv[rows, :, :span], attn_mask=mask
-            )
+            if all_rows:
+                keys, values = ck[:, :, :span], cv[:, :, :span]
+            else:
+                keys, values = ck[rows, :, :span], cv[rows, :, :span]
+            att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
         x = x + self.proj(att.transpose(1, 2).reshape(x.shape))
         return x + self.mlp(self.norm2(x))
 
@@ -107,6 +117,12 @@ class Decoder(nn.Module):
         self.norm = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_out, bias=False)
         self.apply(self._init)
+        cos, sin = rope_tables(cfg.max_len, cfg.d_model // cfg.n_heads, cfg.rope_base)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def _rope_at(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.rope_cos[pos][:, None], self.rope_sin[pos][:, None]  # [rows, 1, L, half]
 
     @staticmethod
     def _init(m: nn.Module) -> None:
@@ -118,9 +134,9 @@ class Decoder(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """Training / reference path. ids [B, T] -> logits [B, T, vocab_out]."""
         pos = torch.arange(ids.shape[1], device=ids.device).expand(ids.shape[0], -1)
-        x = self.embed(ids)
+        x, rope = self.embed(ids), self._rope_at(pos)
         for blk in self.blocks:
-            x = blk(x, pos)
+            x = blk(x, pos, rope)
         return self.head(self.norm(x))
 
     def new_cache(self, rows: int) -> KVCache:
@@ -141,8 +157,9 @@ class Decoder(nn.Module):
                 f"sequence of {span} positions exceeds the model's max_len {self.cfg.max_len}"
             )
         keys = torch.arange(span, device=ids.device)
-        mask = (keys[None, None, :] <= pos[:, :, None])[:, None]  # [R, 1, L, S]
-        x = self.embed(ids)
+        mask = (keys[None, None, :] <= pos[:, :, None])[:, None]  # [R, 1, L, S], once per call
+        x, rope = self.embed(ids), self._rope_at(pos)
+        all_rows = len(rows) == cache.k.shape[1]  # rows come sorted: every row, in order
         for i, blk in enumerate(self.blocks):
-            x = blk(x, pos, (cache.k[i], cache.v[i]), rows, mask)
+            x = blk(x, pos, rope, (cache.k[i], cache.v[i]), rows, mask, all_rows)
         return self.head(self.norm(x))

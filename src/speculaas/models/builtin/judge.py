@@ -22,7 +22,7 @@ FEATURES = 128
 class Judge(nn.Module):
     num_features = FEATURES  # read by torchmetrics so it skips its Inception-sized probe
 
-    def __init__(self) -> None:
+    def __init__(self, heads: tuple[str, ...] = tuple(HEADS)) -> None:
         super().__init__()
 
         def conv(cin: int, cout: int) -> nn.Sequential:
@@ -31,7 +31,7 @@ class Judge(nn.Module):
 
         self.body = nn.Sequential(conv(3, 32), conv(32, 64), conv(64, 128), conv(128, FEATURES),
                                   nn.AdaptiveAvgPool2d(1), nn.Flatten())
-        self.heads = nn.ModuleDict({k: nn.Linear(FEATURES, n) for k, n in HEADS.items()})
+        self.heads = nn.ModuleDict({k: nn.Linear(FEATURES, HEADS[k]) for k in heads})
 
     def features(self, images: torch.Tensor) -> torch.Tensor:
         """images float [B, 3, 64, 64] in [0, 1] -> [B, 128]."""
@@ -55,6 +55,11 @@ def images_to_tensor(images: np.ndarray | list) -> torch.Tensor:
 
 def scene_labels(scenes: list[Scene]) -> dict[str, torch.Tensor]:
     return {k: torch.tensor([s.labels[k] for s in scenes]) for k in HEADS}
+
+
+def heads_in(tensors: dict, prefix: str = "judge.") -> tuple[str, ...]:
+    """The heads a saved judge has (weights trained before the position head lack it)."""
+    return tuple(k for k in HEADS if f"{prefix}heads.{k}.weight" in tensors)
 
 
 @torch.no_grad()

@@ -13,7 +13,7 @@ from ...config import SamplingConfig
 from ..base import ImageModel, Layout, PrefixDecoderSession, Session
 from ..transformer import Decoder, DecoderConfig
 from . import vq as vqlib
-from .judge import Judge
+from .judge import Judge, heads_in
 from .scenes import WORDS, tokenize_caption
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
@@ -52,7 +52,7 @@ class BuiltinModel(ImageModel):
         tensors = load_file(str(weights))
         self.decoder = Decoder(DecoderConfig(**self.record["decoder_config"]))
         self.vq = vqlib.build_vq(**self.record["vq_config"])
-        self.judge = Judge()
+        self.judge = Judge(heads_in(tensors))
         for module, prefix in ((self.decoder, "ar."), (self.vq, "vq."), (self.judge, "judge.")):
             _load_part(module, tensors, prefix, weights)
             module.to(self.device).eval()

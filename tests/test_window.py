@@ -1,0 +1,67 @@
+"""The window policy: `window="auto"` keeps lossless rules lossless, varies the window with what
+it observes, and follows the cost curve it is given."""
+
+from collections import Counter
+
+import pytest
+import torch
+
+import speculaas as sp
+from speculaas.api import generators_for
+from speculaas.config import JacobiConfig, SamplingConfig
+from speculaas.decoding import jacobi_decode
+from speculaas.decoding.window import AutoWindow, measure_cost_curve
+from test_statistical import ALPHA, N_SAMPLES, chi_square_p
+
+# A cost curve under which the best window depends on the acceptance seen so far.
+CURVE = {1: 1.0, 2: 1.25, 3: 1.6, 4: 2.2}
+
+
+@pytest.mark.parametrize("coupling", ["none", "maximal"])
+def test_auto_window_is_lossless(coupling):
+    toy = sp.load_model("toy", vocab_size=3, length=4, seed=0)
+    sampling = SamplingConfig()
+    counts, windows = Counter(), []
+    for start in range(0, N_SAMPLES, 6000):
+        policy = AutoWindow(max_window=4, candidates=(1, 2, 3, 4), cost=CURVE)
+        res = jacobi_decode(toy, toy.start([None] * 6000, cfg=False), sp.acceptance.get("sjd"),
+                            sampling, JacobiConfig(window=4, coupling=coupling),
+                            generators_for(toy, start, 6000), policy=policy)
+        counts.update(map(tuple, res.tokens.tolist()))
+        windows.append(res.mean_window)
+    assert chi_square_p(counts, toy.exact_distribution(sampling)) > ALPHA
+    mean_window = torch.cat(windows)
+    assert mean_window.min() < mean_window.max()  # the choice really varied
+
+
+def test_auto_window_follows_the_cost_curve(tiny):
+    flat = {w: 1.0 for w in (1, 2, 4, 8, 16)}  # long windows cost nothing extra: use them
+    steep = {w: float(w) for w in (1, 2, 4, 8, 16)}  # cost grows with W: never worth it
+    outs = {}
+    for name, curve in (("flat", flat), ("steep", steep)):
+        policy = AutoWindow(max_window=16, candidates=tuple(curve), cost=curve)
+        outs[name] = sp.generate(tiny, [1, 2], method="sjd", window=policy, seed=0,
+                                 decode_images=False)
+    assert (outs["flat"].mean_window == 16).all()
+    assert (outs["steep"].mean_window < 2).all()
+
+
+def test_auto_window_greedy_equals_ar(tiny):
+    ar = sp.generate(tiny, [3, None], method="ar", top_k=1, cfg_scale=2.0)
+    out = sp.generate(tiny, [3, None], method="csd", top_k=1, cfg_scale=2.0, window="auto",
+                      coupling="maximal")
+    assert torch.equal(out.tokens, ar.tokens)
+    assert out.mean_window.shape == (2,) and (out.mean_window >= 1).all()
+
+
+def test_cost_curve_is_measured_once_and_positive(tiny):
+    session = tiny.start([1], cfg=True)
+    curve = measure_cost_curve(tiny, session, True, (1, 4))
+    assert set(curve) == {1, 4} and all(t > 0 for t in curve.values())
+    assert measure_cost_curve(tiny, session, True, (1, 4)) == curve  # cached
+
+
+@pytest.mark.parametrize("bad", [0, -3, 16.0, True, "big", None])
+def test_bad_windows_are_refused(tiny, bad):
+    with pytest.raises(ValueError, match="window"):
+        sp.generate(tiny, [1], method="sjd", window=bad)
