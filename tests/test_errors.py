@@ -2,27 +2,54 @@
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 
 import speculaas as sp
+from speculaas.config import SamplingConfig
 
 
 @pytest.mark.parametrize("kwargs,match", [
     ({"method": "nope"}, "unknown method 'nope'"),
-    ({"method": "csd", "lam": -0.1}, "lam must be a number >= 0"),
+    ({"method": "csd", "lam": -0.1}, "lam must be a finite number >= 0"),
+    ({"method": "csd", "lam": float("inf")}, "lam must be a finite number >= 0"),
+    ({"method": "csd", "lam": True}, "lam must be a finite number >= 0"),
+    ({"method": "csd", "lam": "0.5"}, "lam must be a finite number >= 0"),
     ({"method": "csd", "delta": 1.5}, r"delta must be in \[0, 1\]"),
+    ({"method": "csd", "delta": float("nan")}, r"delta must be in \[0, 1\]"),
     ({"method": "csd", "filter": "l2"}, "unknown filter"),
     ({"method": "sjd", "lam": 0.5}, r"unknown option\(s\) \['lam'\] for method 'sjd'"),
-    ({"method": "csd", "window": 0}, "window must be an integer >= 1"),
-    ({"method": "csd", "window": 2.5}, "window must be an integer >= 1"),
+    ({"method": "csd", "window": 0}, "window must be an integer in"),
+    ({"method": "csd", "window": 2.5}, "window must be an integer in"),
+    ({"method": "csd", "window": 16.0}, "window must be an integer in"),
+    ({"method": "csd", "window": True}, "window must be an integer in"),
+    ({"method": "csd", "window": 10**6}, "window must be an integer in"),
+    ({"method": "csd", "window": "fast"}, "window must be an integer in"),
     ({"method": "csd", "temperature": 0}, "temperature must be"),
+    ({"method": "csd", "temperature": 1e-300}, "temperature must be"),
+    ({"method": "csd", "temperature": float("inf")}, "temperature must be"),
+    ({"method": "csd", "temperature": "hot"}, "temperature must be"),
+    ({"method": "csd", "cfg_scale": 1e300}, "cfg_scale must be a number in"),
+    ({"method": "csd", "cfg_scale": float("nan")}, "cfg_scale must be a number in"),
     ({"method": "csd", "top_p": 0}, "top_p must be in"),
+    ({"method": "csd", "top_p": 1.5}, "top_p must be in"),
     ({"method": "csd", "top_k": -3}, "top_k must be a positive integer"),
+    ({"method": "csd", "top_k": True}, "top_k must be a positive integer"),
+    ({"method": "csd", "top_k": 2.5}, "top_k must be a positive integer"),
     ({"method": "amplify", "k": 0.5}, "amplify k must be >= 1"),
-    ({"method": "gsd", "group_size": 0}, "group_size must be an integer >= 1"),
+    ({"method": "gsd", "group_size": 0}, "group_size must be an integer in"),
+    ({"method": "gsd", "group_size": 10**9}, "group_size must be an integer in"),
+    ({"method": "gsd", "group_size": 3.0}, "group_size must be an integer in"),
+    ({"method": "lantern", "k": 10**7}, "lantern k must be an integer in"),
     ({"method": "csd", "draft_init": "zeros"}, "unknown draft_init"),
+    ({"method": "csd", "coupling": "tight"}, "unknown coupling"),
+    ({"method": "csd", "advance": "sideways"}, "unknown advance"),
     ({"method": "ar", "delta": 0.3}, "method 'ar' takes no options"),
+    ({"method": "csd", "seed": "zero"}, "seed must be an integer"),
+    ({"method": "csd", "seed": -1}, "seeds must be integers in"),
+    ({"method": "csd", "seed": [1, 2]}, "got 2 seeds for 1 prompts"),
+    ({"method": "csd", "max_batch": 0}, "max_batch must be an integer >= 1"),
 ])
 def test_bad_options(tiny, kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -65,3 +92,79 @@ def test_nan_logits_are_reported(tiny):
         broken.decoder.head.weight[0, 0] = float("nan")
     with pytest.raises(ValueError, match="NaN logits"):
         sp.generate(broken, [1], method="csd")
+
+
+@pytest.mark.parametrize("value", [np.float32(0.5), np.float64(0.5), np.float16(0.5)])
+def test_numpy_scalars_of_any_width_are_numbers(tiny, value):
+    out = sp.generate(tiny, [1], method="csd", lam=value, delta=value, decode_images=False)
+    assert out.tokens.shape == (1, 15)
+
+
+def test_numpy_integers_are_integers(tiny):
+    out = sp.generate(tiny, [1], method="csd", window=np.int64(4), top_k=np.int32(3),
+                      decode_images=False)
+    assert out.tokens.shape == (1, 15)
+
+
+def test_infinite_logits_are_reported():
+    from speculaas.sampling import target_probs
+
+    with pytest.raises(ValueError, match="infinite logits"):
+        target_probs(torch.tensor([[0.0, float("inf")]]), None, SamplingConfig())
+
+
+def test_guidance_overflow_is_reported_not_silent():
+    # Finite logits whose guided combination overflows float32: the probabilities would be NaN
+    # and every token the last id.
+    from speculaas.sampling import target_probs
+
+    cond, uncond = torch.tensor([[3e38, 0.0]]), torch.tensor([[-3e38, 0.0]])
+    with pytest.raises(ValueError, match="not finite after guidance.*cfg_scale=2.0"):
+        target_probs(cond, uncond, SamplingConfig(cfg_scale=2.0))
+
+
+@pytest.mark.parametrize("device,match", [("tpu", "unknown device"), ("cuda:7", "cuda"),
+                                          (3.5, "unknown device")])
+def test_bad_devices(device, match):
+    if device == "cuda:7" and torch.cuda.device_count() > 7:
+        pytest.skip("this machine has 8 GPUs")
+    with pytest.raises(ValueError, match=match):
+        sp.load_model("tiny", device=device)
+
+
+def test_bad_dtype(tmp_path):
+    from speculaas.models.hf import load_checkpoint
+
+    (tmp_path / "config.json").write_text('{"model_type": "janus"}')
+    with pytest.raises(ValueError, match="unknown dtype 'float13'"):
+        load_checkpoint(object, str(tmp_path), "janus", "float13")
+
+
+def test_large_batches_run_in_chunks_with_the_same_images(tiny):
+    whole = sp.generate(tiny, [1, 2, 3, 4, 5], method="csd", seed=3, decode_images=False)
+    chunked = sp.generate(tiny, [1, 2, 3, 4, 5], method="csd", seed=3, max_batch=2,
+                          decode_images=False)
+    assert torch.equal(whole.tokens, chunked.tokens)
+    assert torch.equal(whole.forward_passes, chunked.forward_passes)
+
+
+@pytest.mark.parametrize("caption,match", [
+    ("a cat sitting on a sofa", "does not know"),
+    ("red big circle on the left over grass", "nearest valid caption: 'a big red circle on the "
+                                              "left over grass'"),
+    ("a big red circle", "does not follow the built-in grammar"),
+    ("", "does not follow the built-in grammar"),
+    (42, "caption strings"),
+])
+def test_builtin_captions_are_checked_against_the_grammar(caption, match):
+    from speculaas.models.builtin.scenes import parse_caption
+
+    with pytest.raises(ValueError, match=match):
+        parse_caption(caption)
+
+
+def test_builtin_captions_ignore_case_and_punctuation():
+    from speculaas.models.builtin.scenes import parse_caption
+
+    assert parse_caption("A big RED circle, on the left; over grass.") == \
+        "a big red circle on the left over grass"

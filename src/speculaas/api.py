@@ -9,12 +9,12 @@ import torch
 from PIL import Image
 
 from . import acceptance
-from .config import JacobiConfig, SamplingConfig
+from .checks import is_integer
+from .config import METHODS, JacobiConfig, SamplingConfig
 from .decoding import DecodeResult, autoregressive_decode, jacobi_decode
 from .decoding.window import WindowPolicy
 from .models.base import ImageModel
 
-METHODS = ("ar", "sjd", "csd", "gsd", "lantern", "amplify", "addition")
 
 
 @dataclass
@@ -79,7 +79,14 @@ def build_rule(model: ImageModel, method: str, **options) -> acceptance.Acceptan
 def generators_for(model: ImageModel, seed: int | list[int], batch: int) -> list[torch.Generator]:
     """Per-image random streams: image i of a call with seed s uses seed s + i (or seed[i]
     when a list is given), so an image does not depend on what else is in its batch."""
-    seeds = list(seed) if isinstance(seed, (list, tuple)) else [int(seed) + i for i in range(batch)]
+    if isinstance(seed, (list, tuple)):
+        seeds = list(seed)
+    elif is_integer(seed):
+        seeds = [int(seed) + i for i in range(batch)]
+    else:
+        raise ValueError(f"seed must be an integer or a list of integers, got {seed!r}")
+    if not all(is_integer(s) and 0 <= s < 2**63 - batch for s in seeds):
+        raise ValueError(f"seeds must be integers in [0, 2**63), got {seed!r}")
     if len(seeds) != batch:
         raise ValueError(f"got {len(seeds)} seeds for {batch} prompts")
     return [torch.Generator(device=model.device).manual_seed(int(s)) for s in seeds]
@@ -89,15 +96,19 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
              window: int | str | WindowPolicy = 16, temperature: float | None = None, top_k: int | None = None,
              top_p: float | None = None, cfg_scale: float | None = None,
              draft_init: str = "uniform", coupling: str = "none", advance: str = "per_image",
-             progress: bool = False,
+             progress: bool = False, max_batch: int = 32,
              decode_images: bool = True, profile: bool = False, **options) -> GenerationOutput:
     """Generate one image per prompt with `method` (see METHODS); method options by name
     (csd: lam, delta, filter; gsd: group_size, prob_threshold, dist_threshold; lantern: k,
-    delta; amplify: k; addition: eps)."""
+    delta; amplify: k; addition: eps). Batches larger than `max_batch` run in chunks of that
+    size, one after the other (same images: each image has its own random stream)."""
     if not isinstance(prompts, (list, tuple)):
         prompts = [prompts]
     if len(prompts) == 0:
         raise ValueError("prompts is empty; pass one prompt (or None) per image")
+    if not (is_integer(max_batch) and max_batch >= 1):
+        raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+    model.check_prompts(list(prompts))
     rule = build_rule(model, method, **options)
     sampling = resolve_sampling(model, temperature, top_k, top_p, cfg_scale)
     policy = window if isinstance(window, WindowPolicy) else None
@@ -112,12 +123,16 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
     t0 = time.perf_counter()
-    session = model.start(list(prompts), cfg=sampling.uses_cfg)
-    if rule is None:
-        res: DecodeResult = autoregressive_decode(model, session, sampling, gens, bar)
-    else:
-        res = jacobi_decode(model, session, rule, sampling, jacobi, gens, bar, profile=profile,
-                            policy=policy)
+    parts = []
+    for lo in range(0, len(prompts), max_batch):  # chunks: memory stays bounded
+        hi = min(lo + max_batch, len(prompts))
+        session = model.start(list(prompts[lo:hi]), cfg=sampling.uses_cfg)
+        if rule is None:
+            parts.append(autoregressive_decode(model, session, sampling, gens[lo:hi], bar))
+        else:
+            parts.append(jacobi_decode(model, session, rule, sampling, jacobi, gens[lo:hi], bar,
+                                       profile=profile, policy=policy))
+    res = DecodeResult.concat(parts)
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
     latency = time.perf_counter() - t0

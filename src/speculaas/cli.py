@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .config import COUPLINGS, DRAFT_INITS
+from .config import COUPLINGS, DRAFT_INITS, METHODS, MODEL_NAMES
+
+MAX_IMAGES = 10_000  # per CLI call; larger jobs belong in `speculaas bench` or a script
+HELP = argparse.ArgumentDefaultsHelpFormatter
 
 RULE_FLAGS = {  # flag -> option name of the acceptance rules
     "lam": float, "delta": float, "filter": str, "group_size": int, "prob_threshold": float,
@@ -50,6 +53,35 @@ def _model_options(args: argparse.Namespace) -> dict:
     return opts
 
 
+def _window(text: str):  # noqa: ANN202
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer or 'auto', got {text!r}") from None
+
+
+def _check_prompts_early(args: argparse.Namespace, prompts: list) -> None:
+    """Refuse what can be refused before the model loads: captions the built-in grammar cannot
+    parse, a number of images out of range, output files that cannot be written."""
+    if not 1 <= args.num_images <= MAX_IMAGES:
+        raise ValueError(f"--num-images must be in [1, {MAX_IMAGES}], got {args.num_images}")
+    if len(prompts) > MAX_IMAGES:
+        raise ValueError(f"{len(prompts)} images requested; at most {MAX_IMAGES} per call")
+    if args.model == "builtin":
+        from .models.builtin.scenes import parse_caption
+
+        for p in prompts:
+            if p is not None:
+                parse_caption(p)
+    from .io import check_writable
+
+    path = Path(args.out)
+    check_writable(path)
+    check_writable(path.with_name(path.stem + ".map.png"))
+
+
 def _rule_options(args: argparse.Namespace) -> dict:
     opts = {k: getattr(args, k) for k in RULE_FLAGS if getattr(args, k) is not None}
     if "k" in opts and args.method == "lantern":
@@ -58,32 +90,39 @@ def _rule_options(args: argparse.Namespace) -> dict:
 
 
 def add_decoding_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="builtin", help="builtin (default), tiny")
+    p.add_argument("--model", default="builtin", choices=MODEL_NAMES, metavar="MODEL",
+                   help=f"one of {', '.join(MODEL_NAMES)}")
     p.add_argument("--weights", default=None, help="local weights folder or hub name")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default=None, help="e.g. bfloat16 for real checkpoints on a GPU")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default=None, help="e.g. bfloat16 (None: the weights' own)")
     p.add_argument("--model-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="adapter option, e.g. vq=vq_ds16_c2i.pt, image_size=384, grid=48,48")
-    p.add_argument("--window", type=int, default=16)
+    p.add_argument("--window", type=_window, default=16,
+                   help="slots per forward, or 'auto' (chosen per iteration from the measured "
+                        "cost of a window)")
     p.add_argument("--draft-init", default="uniform", choices=DRAFT_INITS,
                    help="what fresh draft slots hold")
     p.add_argument("--coupling", default="none", choices=COUPLINGS,
                    help="how tail slots become the next drafts (maximal/gumbel: coupled)")
-    p.add_argument("--temperature", type=float, default=None)
-    p.add_argument("--top-k", type=int, default=None, help="0 switches top-k off")
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--cfg-scale", type=float, default=None, help="1 switches CFG off")
+    p.add_argument("--temperature", type=float, default=None, help="None: the model's default")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="None: the model's default; 0 switches top-k off")
+    p.add_argument("--top-p", type=float, default=None, help="None: the model's default")
+    p.add_argument("--cfg-scale", type=float, default=None,
+                   help="None: the model's default; 1 switches CFG off")
     for name, typ in RULE_FLAGS.items():
         p.add_argument(f"--{name.replace('_', '-')}", type=typ, default=None,
-                       help=f"option {name} of the chosen method")
+                       help=f"option {name} of the chosen method (None: the method's default)")
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
+    prompts = [_parse_prompt(args.model, p) for p in args.prompt] * args.num_images
+    _check_prompts_early(args, prompts)
     import speculaas as sp
     from speculaas.bench.maps import acceptance_figure
+    from speculaas.io import save_image
 
     model = sp.load_model(args.model, args.weights, **_model_options(args))
-    prompts = [_parse_prompt(args.model, p) for p in args.prompt] * args.num_images
     out = sp.generate(model, prompts, method=args.method, seed=args.seed, window=args.window,
                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                       cfg_scale=args.cfg_scale, draft_init=args.draft_init,
@@ -93,11 +132,11 @@ def cmd_generate(args: argparse.Namespace) -> None:
     paths = [path] if len(prompts) == 1 else [
         path.with_name(f"{path.stem}-{i}{path.suffix}") for i in range(len(prompts))]
     for img, p in zip(out.images, paths, strict=True):
-        img.resize((img.width * args.scale, img.height * args.scale), 0).save(p)
+        save_image(img.resize((img.width * args.scale, img.height * args.scale), 0), p)
     titles = [f"{args.method}: {out.forward_passes[i]} forwards" for i in range(len(prompts))]
     fig = acceptance_figure(out.images, out.commit_step, out.entropy, titles)
     map_path = path.with_name(path.stem + ".map.png")
-    fig.save(map_path)
+    save_image(fig, map_path)
     n = out.tokens.shape[1]
     for i, p in enumerate(paths):
         print(f"{p}: {int(out.forward_passes[i])} forward passes for {n} tokens, "
@@ -122,24 +161,37 @@ def cmd_bench(args: argparse.Namespace) -> None:
         print(f"results, table.md, summary.json, pareto.png and maps/ in {cfg.out}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    import speculaas as sp
+def cmd_captions() -> None:
+    from .models.builtin.scenes import GRAMMAR, sample_scenes
 
-    parser = argparse.ArgumentParser(prog="speculaas", description=sp.__doc__)
+    print("Captions of the built-in model (case and punctuation are ignored, word order is "
+          "not):\n")
+    print(GRAMMAR.replace("; ", "\n"))
+    print("\nexamples:")
+    for scene in sample_scenes(5, seed=97_000_000):
+        print(f"  {scene.caption}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    from . import __doc__ as doc
+
+    parser = argparse.ArgumentParser(prog="speculaas", description=doc)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    g = sub.add_parser("generate", help="generate images and their acceptance maps")
+    g = sub.add_parser("generate", help="generate images and their acceptance maps",
+                       formatter_class=HELP)
     g.add_argument("--prompt", action="append", required=True,
                    help="caption, class id, ids:1,2,3 (token ids), FILE.pt (caption "
                         "embeddings) or 'none'; repeat for several")
     g.add_argument("--num-images", type=int, default=1, help="images per prompt")
-    g.add_argument("--method", default="csd", choices=sp.METHODS)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--out", default="out.png")
+    g.add_argument("--method", default="csd", choices=METHODS, help="decoding method")
+    g.add_argument("--seed", type=int, default=0, help="image i of the call uses seed + i")
+    g.add_argument("--out", default="out.png", help="image path; the map goes to OUT.map.png")
     g.add_argument("--scale", type=int, default=4, help="upscale the saved PNG this many times")
     add_decoding_flags(g)
 
-    b = sub.add_parser("bench", help="compare methods on a prompt set (speed, quality, maps)")
+    b = sub.add_parser("bench", help="compare methods on a prompt set (speed, quality, maps)",
+                       formatter_class=HELP)
     b.add_argument("--prompts", default="builtin-set",
                    help="builtin-set, classes (tiny), or a .txt/.tsv/.csv/COCO .json file")
     b.add_argument("--limit", type=int, default=32, help="use the first N prompts (0: all)")
@@ -148,31 +200,35 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--sweep", action="append", default=[],
                    help="METHOD.OPTION=V1,V2,... adds one variant per value")
     b.add_argument("--seeds", type=int, default=2, help="seeds per prompt")
-    b.add_argument("--out", default="bench-out")
+    b.add_argument("--out", default="bench-out", help="results folder")
     b.add_argument("--resume", action="store_true", help="keep finished items, run the rest")
     b.add_argument("--maps", type=int, default=3, help="prompts to draw acceptance maps for")
-    b.add_argument("--model", default="builtin")
-    b.add_argument("--weights", default=None)
-    b.add_argument("--device", default="cpu")
-    b.add_argument("--dtype", default=None)
+    b.add_argument("--model", default="builtin", choices=MODEL_NAMES, metavar="MODEL",
+                   help=f"one of {', '.join(MODEL_NAMES)}")
+    b.add_argument("--weights", default=None, help="local weights folder or hub name")
+    b.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    b.add_argument("--dtype", default=None, help="e.g. bfloat16 (None: the weights' own)")
     b.add_argument("--model-opt", action="append", default=[], metavar="KEY=VALUE")
-    b.add_argument("--window", type=int, default=16)
+    b.add_argument("--window", type=_window, default=16,
+                   help="default window of every variant (a variant's window= overrides it)")
 
-    d = sub.add_parser("demo", help="serve the local web demo")
-    d.add_argument("--model", default="builtin")
-    d.add_argument("--weights", default=None)
-    d.add_argument("--host", default="127.0.0.1")
-    d.add_argument("--port", type=int, default=7860)
+    d = sub.add_parser("demo", help="serve the local web demo", formatter_class=HELP)
+    d.add_argument("--model", default="builtin", choices=MODEL_NAMES, metavar="MODEL",
+                   help=f"one of {', '.join(MODEL_NAMES)}")
+    d.add_argument("--weights", default=None, help="local weights folder or hub name")
+    d.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
+    d.add_argument("--port", type=int, default=7860, help="port to serve on")
 
+    sub.add_parser("captions", help="the caption grammar of the built-in model, with examples")
     t = sub.add_parser("train", help="train the built-in model from scratch")
     t.add_argument("rest", nargs=argparse.REMAINDER, help="options of the training script")
 
     args = parser.parse_args(argv)
     try:
         if args.command == "generate":
-            if args.num_images < 1:
-                raise ValueError(f"--num-images must be >= 1, got {args.num_images}")
             cmd_generate(args)
+        elif args.command == "captions":
+            cmd_captions()
         elif args.command == "bench":
             cmd_bench(args)
         elif args.command == "demo":
@@ -183,6 +239,9 @@ def main(argv: list[str] | None = None) -> None:
             train_main(args.rest)
     except ValueError as e:
         parser.exit(2, f"speculaas: error: {e}\n")
+    except KeyboardInterrupt:
+        parser.exit(130, "speculaas: interrupted; finished files are complete, none is half "
+                         "written\n")
 
 
 if __name__ == "__main__":

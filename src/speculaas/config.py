@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from .checks import is_integer, is_number
+
+METHODS = ("ar", "sjd", "csd", "gsd", "lantern", "amplify", "addition")
+# Adapter names of models/__init__.py (listed here so the CLI's help needs no torch).
+MODEL_NAMES = ("builtin", "tiny", "toy", "janus", "emu3", "lumina-mgpt", "chameleon", "anole",
+               "llamagen")
 # Names of the drafters in decoding/drafting.py (checked against its registries in the tests).
 DRAFT_INITS = ("uniform", "onehot", "vertical", "vertical_sample")
 COUPLINGS = ("none", "maximal", "gumbel")
 ADVANCE_MODES = ("per_image", "batch_min")
+# Beyond these, logits / temperature or guided logits overflow float32 into NaN probabilities.
+TEMPERATURE_RANGE = (1e-2, 1e2)
+CFG_RANGE = (0.0, 100.0)
+MAX_WINDOW = 256
+
 
 
 @dataclass(frozen=True)
@@ -26,16 +36,19 @@ class SamplingConfig:
     cfg_scale: float | None = None
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
-                and self.temperature > 0):
-            raise ValueError(f"temperature must be a finite number > 0, got {self.temperature!r} "
-                             "(for greedy decoding use top_k=1)")
-        if self.top_k is not None and (int(self.top_k) != self.top_k or self.top_k < 1):
+        lo, hi = TEMPERATURE_RANGE
+        if not (is_number(self.temperature) and lo <= self.temperature <= hi):
+            raise ValueError(f"temperature must be a number in [{lo}, {hi}], got "
+                             f"{self.temperature!r} (for greedy decoding use top_k=1)")
+        if self.top_k is not None and not (is_integer(self.top_k) and self.top_k >= 1):
             raise ValueError(f"top_k must be a positive integer or None, got {self.top_k!r}")
-        if self.top_p is not None and not (0 < self.top_p <= 1):
+        if self.top_p is not None and not (is_number(self.top_p) and 0 < self.top_p <= 1):
             raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p!r}")
-        if self.cfg_scale is not None and not math.isfinite(self.cfg_scale):
-            raise ValueError(f"cfg_scale must be finite, got {self.cfg_scale!r}")
+        lo, hi = CFG_RANGE
+        if self.cfg_scale is not None and not (is_number(self.cfg_scale)
+                                               and lo <= self.cfg_scale <= hi):
+            raise ValueError(f"cfg_scale must be a number in [{lo}, {hi}] or None, got "
+                             f"{self.cfg_scale!r}")
 
     @property
     def uses_cfg(self) -> bool:
@@ -70,9 +83,10 @@ class JacobiConfig:
     advance: str = "per_image"
 
     def __post_init__(self) -> None:
-        if self.window != "auto" and (not isinstance(self.window, int)
-                                      or isinstance(self.window, bool) or self.window < 1):
-            raise ValueError(f"window must be an integer >= 1 or 'auto', got {self.window!r}")
+        if self.window != "auto" and not (is_integer(self.window)
+                                          and 1 <= self.window <= MAX_WINDOW):
+            raise ValueError(f"window must be an integer in [1, {MAX_WINDOW}] or 'auto', got "
+                             f"{self.window!r}")
         if self.draft_init not in DRAFT_INITS:
             raise ValueError(f"unknown draft_init {self.draft_init!r}; valid: {DRAFT_INITS}")
         if self.coupling not in COUPLINGS:

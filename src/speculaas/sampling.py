@@ -42,12 +42,23 @@ def target_probs(cond_logits: torch.Tensor, uncond_logits: torch.Tensor | None,
     """
     logits = combine_cfg(cond_logits.float(),
                          None if uncond_logits is None else uncond_logits.float(), cfg.cfg_scale)
-    if torch.isnan(logits).any():
-        raise ValueError("the model produced NaN logits; check the weights and the inputs "
-                         "(dtype overflow in half precision is a common cause)")
     if suppress:
         logits[..., list(suppress)] = float("-inf")
-    return warp_logits(logits, cfg).softmax(-1)
+    probs = warp_logits(logits, cfg).softmax(-1)
+    # What the rules see must be a distribution. One host read per call; the cause is looked
+    # for only when the check fails. Bad logits, or guidance / temperature overflowing float32
+    # from finite logits, both end as NaN here.
+    if not torch.isfinite(probs).all():
+        for raw in (cond_logits, uncond_logits):
+            if raw is not None and not torch.isfinite(raw).all():
+                kind = "NaN" if torch.isnan(raw).any() else "infinite"
+                raise ValueError(f"the model produced {kind} logits; check the weights and the "
+                                 "inputs (dtype overflow in half precision is a common cause)")
+        raise ValueError(f"the target probabilities are not finite after guidance and warping "
+                         f"(cfg_scale={cfg.cfg_scale}, temperature={cfg.temperature}, "
+                         f"top_k={cfg.top_k}, top_p={cfg.top_p}); lower cfg_scale or raise "
+                         "temperature")
+    return probs
 
 
 def sample_with_uniform(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
+from ..checks import is_integer, is_number  # noqa: F401 - re-exported for the rule files
 from . import functional as Fn
 
 
@@ -99,15 +101,10 @@ class AcceptanceRule:
 
 
 def check_nonnegative(name: str, value: float) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or value != value
-        or value < 0
-    ):
-        raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+    if not is_number(value) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
 
 
 def check_unit(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+    if not is_number(value) or not 0.0 <= value <= 1.0:
         raise ValueError(f"{name} must be in [0, 1], got {value!r}")

@@ -21,7 +21,11 @@ from dataclasses import dataclass, field
 import torch
 
 from . import functional as Fn
-from .base import AcceptanceRule, check_nonnegative
+from .base import AcceptanceRule, check_nonnegative, is_integer
+
+# Wider than any image vocabulary supported here (Emu3: 32,768 codes): a larger group means
+# nothing more and would only allocate.
+MAX_GROUP = 65_537
 
 
 @dataclass(frozen=True)
@@ -35,8 +39,9 @@ class GSD(AcceptanceRule):
     token_embeddings: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if int(self.group_size) != self.group_size or self.group_size < 1:
-            raise ValueError(f"gsd group_size must be an integer >= 1, got {self.group_size!r}")
+        if not is_integer(self.group_size) or not 1 <= self.group_size <= MAX_GROUP:
+            raise ValueError(f"gsd group_size must be an integer in [1, {MAX_GROUP}], got "
+                             f"{self.group_size!r}")
         check_nonnegative("prob_threshold", self.prob_threshold)
         check_nonnegative("dist_threshold", self.dist_threshold)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import functional as Fn
-from .base import AcceptanceRule, check_unit
+from .base import AcceptanceRule, check_unit, is_integer
 
 
 def neighbour_table(codebook: torch.Tensor, k: int, chunk: int = 2048) -> torch.Tensor:
@@ -49,8 +49,8 @@ class Lantern(AcceptanceRule):
     _table: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if int(self.k) != self.k or self.k < 1:
-            raise ValueError(f"lantern k must be an integer >= 1, got {self.k!r}")
+        if not is_integer(self.k) or not 1 <= self.k <= 1024:
+            raise ValueError(f"lantern k must be an integer in [1, 1024], got {self.k!r}")
         check_unit("delta", self.delta)
         if self.codebook is None:
             raise ValueError(

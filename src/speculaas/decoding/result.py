@@ -30,6 +30,23 @@ class DecodeResult:
     rule_seconds: float = 0.0
     mean_window: torch.Tensor | None = None
 
+    @classmethod
+    def concat(cls, parts: list[DecodeResult]) -> DecodeResult:
+        """One result for images decoded in consecutive chunks."""
+        if len(parts) == 1:
+            return parts[0]
+
+        def cat(name: str) -> torch.Tensor | None:
+            values = [getattr(p, name) for p in parts]
+            return None if values[0] is None else torch.cat(values)
+
+        return cls(tokens=cat("tokens"), forward_passes=cat("forward_passes"),
+                   commit_step=cat("commit_step"), drafted=cat("drafted"),
+                   entropy=cat("entropy"), accept_hist=cat("accept_hist"),
+                   iterations=sum(p.iterations for p in parts),
+                   rule_seconds=sum(p.rule_seconds for p in parts),
+                   mean_window=cat("mean_window"))
+
 
 def draw(generators: list[torch.Generator], rows: torch.Tensor, count: int,
          device: torch.device) -> torch.Tensor:

@@ -25,6 +25,24 @@ MODELS: dict[str, tuple[str, str, str | None]] = {
 MODELS["chameleon"] = MODELS["anole"] = MODELS["lumina-mgpt"]
 
 
+def check_device(device):  # noqa: ANN001, ANN201
+    """A torch.device that exists here, or a ValueError saying why not."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"unknown device {device!r}; use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r}: no CUDA GPU is available here; use cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: only {torch.cuda.device_count()} GPU(s) here")
+    elif dev.type not in ("cpu", "mps"):
+        raise ValueError(f"device {device!r} is not supported; use cpu or cuda")
+    return dev
+
+
 def load_model(name: str, path: str | None = None, **kwargs) -> ImageModel:
     """Load a model adapter by name. `path` is a local weights folder/file or hub name where the
     family takes one; keyword options go to the adapter (e.g. `device=`, `dtype=`)."""
@@ -35,6 +53,8 @@ def load_model(name: str, path: str | None = None, **kwargs) -> ImageModel:
         raise ValueError(f"the {name} model has random weights and takes no path")
     if hint is not None and path is None and name != "builtin":
         raise ValueError(f"{name} needs a checkpoint: {hint}")
+    if "device" in kwargs:
+        kwargs["device"] = check_device(kwargs["device"])
     cls = getattr(importlib.import_module(f".{module}", __name__), cls_name)
     params = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
     unknown = sorted(set(kwargs) - set(params))

@@ -28,15 +28,17 @@ def load_checkpoint(cls, path: str, model_type: str, dtype):  # noqa: ANN001, AN
     from transformers import AutoConfig
 
     try:
-        found = AutoConfig.from_pretrained(path).model_type
+        found = AutoConfig.from_pretrained(path, trust_remote_code=False).model_type
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot load a {model_type} config from {path!r}: {e}") from None
     if found != model_type:
         raise ValueError(f"{path!r} holds a {found!r} model, expected {model_type!r}")
     if isinstance(dtype, str):
+        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise ValueError(f"unknown dtype {dtype!r}; use e.g. bfloat16, float16, float32")
         dtype = getattr(torch, dtype)
     try:
-        return cls.from_pretrained(path, dtype=dtype).eval()
+        return cls.from_pretrained(path, dtype=dtype, trust_remote_code=False).eval()
     except (OSError, RuntimeError, ValueError) as e:
         raise ValueError(f"cannot load {model_type} weights from {path!r}: {e}") from None
 
@@ -46,7 +48,7 @@ def load_processor(path: str):  # noqa: ANN201
     try:
         from transformers import AutoProcessor
 
-        return AutoProcessor.from_pretrained(path)
+        return AutoProcessor.from_pretrained(path, trust_remote_code=False)
     except (OSError, ValueError, AttributeError, TypeError):
         return None
 

@@ -12,6 +12,7 @@ seed; `render_scene(seed)` for a single scene, `sample_scenes(n, seed)` for a ba
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from importlib import resources
 
@@ -34,6 +35,11 @@ SIZES = ("small", "big")
 # Backgrounds: the first three are smooth, the last three textured (the "ground" under a sky).
 BACKGROUNDS = ("blue sky", "sunset", "plain grey", "grass", "gravel", "brick")
 SMOOTH_BACKGROUNDS = BACKGROUNDS[:3]
+_BG_PHRASES = {
+    "blue sky": "under a blue sky", "sunset": "at sunset",
+    "plain grey": "on a plain grey background", "grass": "over grass", "gravel": "over gravel",
+    "brick": "in front of a brick wall",
+}
 TEXTURES = {"grass": (70, 150, 50), "gravel": (150, 140, 130), "brick": (170, 80, 60)}
 
 _X_CENTRE = {"left": 15, "center": 32, "right": 49}
@@ -141,15 +147,7 @@ def _mask(obj: SceneObject, cy: float, cx: float, r: float) -> np.ndarray:
 
 
 def _caption(objects: tuple[SceneObject, ...], background: str) -> str:
-    bg = {
-        "blue sky": "under a blue sky",
-        "sunset": "at sunset",
-        "plain grey": "on a plain grey background",
-        "grass": "over grass",
-        "gravel": "over gravel",
-        "brick": "in front of a brick wall",
-    }[background]
-    text = f"{objects[0].phrase} {bg}"
+    text = f"{objects[0].phrase} {_BG_PHRASES[background]}"
     if len(objects) > 1:
         text += f" and {objects[1].phrase}"
     return text
@@ -203,6 +201,52 @@ WORDS = (
 CAPTION_LEN = 24  # longest caption is 21 words; the image-start token follows
 
 
+_OBJECT = (rf"a ({'|'.join(SIZES)}) ({'|'.join(COLOURS)}) ({'|'.join(SHAPES)}) "
+           rf"on the ({'|'.join(POSITIONS)})")
+_CAPTION = re.compile(rf"{_OBJECT} ({'|'.join(_BG_PHRASES.values())})(?: and {_OBJECT})?")
+GRAMMAR = (f"a SIZE COLOUR SHAPE on the POSITION BACKGROUND [and a SIZE COLOUR SHAPE on the "
+           f"POSITION]; SIZE: {' | '.join(SIZES)}; COLOUR: {' | '.join(COLOURS)}; "
+           f"SHAPE: {' | '.join(SHAPES)}; POSITION: {' | '.join(POSITIONS)}; "
+           f"BACKGROUND: {' | '.join(_BG_PHRASES.values())}")
+
+
+def normalise_caption(caption: str) -> str:
+    """Lower case, punctuation dropped, single spaces: "A big red circle, on the left." works."""
+    return " ".join(re.sub(r"[^a-z ]+", " ", caption.lower()).split())
+
+
+def _nearest_caption(words: list[str]) -> str:
+    """A valid caption built from the attribute words the input has (defaults for the rest)."""
+    def first(options, default):  # noqa: ANN001, ANN202
+        return next((w for w in words if w in options), default)
+
+    background = next((bg for key, bg in (("sky", "blue sky"), ("sunset", "sunset"),
+                                          ("grey", "plain grey"), ("grass", "grass"),
+                                          ("gravel", "gravel"), ("brick", "brick"))
+                       if key in words), "blue sky")
+    return (f"a {first(SIZES, 'big')} {first(COLOURS, 'red')} {first(SHAPES, 'circle')} on the "
+            f"{first(POSITIONS, 'center')} {_BG_PHRASES[background]}")
+
+
+def parse_caption(caption: str) -> str:
+    """The normalised caption if the grammar (`GRAMMAR`) produces it, else a ValueError that
+    names the unknown words or shows the nearest valid caption."""
+    if not isinstance(caption, str):
+        raise ValueError(f"the built-in model takes caption strings or None, got {caption!r}")
+    text = normalise_caption(caption)
+    words = text.split()
+    unknown = sorted({w for w in words if w not in WORDS or w in (PAD, NULL, BOI)})
+    if unknown:
+        raise ValueError(f"caption {caption!r} uses words the built-in model does not know: "
+                         f"{unknown}; try {_nearest_caption(words)!r} (`speculaas captions` "
+                         "shows the grammar)")
+    if not _CAPTION.fullmatch(text):
+        raise ValueError(f"caption {caption!r} does not follow the built-in grammar; nearest "
+                         f"valid caption: {_nearest_caption(words)!r} (`speculaas captions` "
+                         "shows the grammar)")
+    return text
+
+
 def tokenize_caption(caption: str | None, *, null: bool = False) -> list[int]:
     """Word ids of `caption` padded to CAPTION_LEN, then the image-start id.
 
@@ -212,15 +256,6 @@ def tokenize_caption(caption: str | None, *, null: bool = False) -> list[int]:
     if caption is None or null:
         ids = [WORDS.index(NULL)] * CAPTION_LEN
     else:
-        words = caption.lower().replace(",", " ").split()
-        unknown = sorted({w for w in words if w not in WORDS or w in (PAD, NULL, BOI)})
-        if unknown:
-            raise ValueError(
-                f"caption uses words the built-in model does not know: {unknown}; "
-                f"known words: {' '.join(WORDS[3:])}"
-            )
-        if len(words) > CAPTION_LEN:
-            raise ValueError(f"caption has {len(words)} words; the built-in model takes at most "
-                             f"{CAPTION_LEN}")
+        words = parse_caption(caption).split()  # the grammar caps it at 21 words
         ids = [WORDS.index(w) for w in words] + [WORDS.index(PAD)] * (CAPTION_LEN - len(words))
     return ids + [WORDS.index(BOI)]
