@@ -11,7 +11,7 @@ import time
 import pytest
 
 from speculaas.bench.prompts import load_prompts
-from speculaas.bench.runner import Variant, expand_sweeps
+from speculaas.bench.runner import Variant, expand_sweeps, read_log
 
 BENCH = [sys.executable, "-m", "speculaas.cli", "bench", "--model", "tiny", "--prompts",
          "classes", "--limit", "5", "--seeds", "2", "--methods", "ar,sjd,csd:delta=0.8,gsd",
@@ -35,7 +35,7 @@ def _summary(folder):
 def _tokens(folder):
     rows = []
     for p in folder.glob("results.rank*.jsonl"):
-        rows += [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+        rows += read_log(p)[0]
     return sorted((r["variant"], r["prompt_index"], r["seed"], tuple(r["tokens"])) for r in rows)
 
 
@@ -71,6 +71,38 @@ def test_kill_and_resume_gives_the_same_table(uninterrupted, tmp_path):
                    capture_output=True)
     assert _summary(out) == _summary(uninterrupted)
     assert _tokens(out) == _tokens(uninterrupted)
+
+
+def test_torn_and_corrupt_lines_lose_no_completed_row(uninterrupted, tmp_path):
+    """A kill mid-line leaves a torn last line; garbage may sit anywhere. Resume drops the torn
+    line (re-running its item), reports bad lines by number and keeps every valid row."""
+    out = tmp_path / "bench"
+    out.mkdir()
+    lines = (uninterrupted / "results.rank0.jsonl").read_text().splitlines(keepends=True)
+    half = lines[20][: len(lines[20]) // 2]  # the row being written when the kill came
+    log = out / "results.rank0.jsonl"
+    log.write_text("".join(lines[:7]) + "{}\n" + "not json\n" + "".join(lines[7:20]) + half)
+    rows, notes = read_log(log)
+    assert len(rows) == 20
+    assert any("line 8" in n and "missing" in n for n in notes)
+    assert any("line 9" in n and "not JSON" in n for n in notes)
+    assert any("torn last line" in n for n in notes)
+    res = subprocess.run(BENCH + ["--out", str(out), "--resume"], env=ENV, capture_output=True,
+                         text=True, check=True)
+    assert "torn last line" in res.stdout and "line 9: not JSON" in res.stdout
+    assert _summary(out) == _summary(uninterrupted)
+    assert _tokens(out) == _tokens(uninterrupted)
+
+
+def test_resume_with_other_settings_is_refused(uninterrupted, tmp_path):
+    out = tmp_path / "bench"
+    out.mkdir()
+    (out / "results.rank0.jsonl").write_text(
+        (uninterrupted / "results.rank0.jsonl").read_text())
+    res = subprocess.run(BENCH + ["--out", str(out), "--resume", "--window", "8"], env=ENV,
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "other settings" in res.stderr and "'window': 16" in res.stderr
 
 
 def test_torchrun_two_processes_match_one(uninterrupted, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import textwrap
 
 import matplotlib
 
@@ -22,9 +23,11 @@ def run_lengths(commit_step: torch.Tensor) -> torch.Tensor:
 
 
 def acceptance_figure(images: list[Image.Image], commit_step: torch.Tensor,
-                      entropy: torch.Tensor, titles: list[str]) -> Image.Image:
+                      entropy: torch.Tensor, titles: list[str],
+                      caption: str | None = None) -> Image.Image:
     """One row per image: the image, tokens committed per iteration at each grid cell (bright =
-    committed in a long accepted run, i.e. where decoding sped up), and the target entropy."""
+    committed in a long accepted run, i.e. where decoding sped up), and the target entropy.
+    `caption`: the prompt, written above the figure."""
     runs = run_lengths(commit_step)
     n = len(images)
     fig, axes = plt.subplots(n, 3, figsize=(7.5, 2.6 * n), squeeze=False)
@@ -42,6 +45,8 @@ def acceptance_figure(images: list[Image.Image], commit_step: torch.Tensor,
         for ax in axes[i]:
             ax.set_xticks([])
             ax.set_yticks([])
+    if caption:
+        fig.suptitle(textwrap.fill(caption, 90), fontsize=9)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)

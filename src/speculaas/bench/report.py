@@ -10,7 +10,34 @@ import numpy as np
 import torch
 
 from . import metrics
+from ..io import atomic_path, save_image, write_text
 from .maps import acceptance_figure
+
+# FID/KID from fewer images than this are noise (KID can even come out hugely negative).
+MIN_FID_IMAGES = 16
+
+
+def run_metadata(model) -> dict:  # noqa: ANN001
+    """What produced these numbers: versions, code revision, device, threads."""
+    import platform
+    import subprocess
+
+    import transformers
+
+    from .. import __version__
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    device = model.device
+    return {"speculaas": __version__, "git_commit": commit, "torch": torch.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version(),
+            "device": str(device), "gpu": torch.cuda.get_device_name(device)
+            if device.type == "cuda" else None, "cpu": platform.processor() or platform.machine(),
+            "torch_threads": torch.get_num_threads(),
+            "weights_id": getattr(model, "weights_id", None)}
 
 
 def _decode(model, rows: list[dict]) -> list:  # noqa: ANN001
@@ -59,7 +86,8 @@ def write_report(cfg, model, prompts: list, rows: list[dict]) -> dict:  # noqa: 
 
     summary = {"config": {"model": cfg.model, "prompts": cfg.prompts, "n_prompts": len(prompts),
                           "seeds": cfg.seeds, "window": cfg.window,
-                          "variants": labels}, "variants": {}, "notes": notes}
+                          "variants": labels}, "run": run_metadata(model),
+               "variants": {}, "notes": notes}
     for lab in labels:
         rs = by_variant[lab]
         if not rs:
@@ -90,16 +118,21 @@ def write_report(cfg, model, prompts: list, rows: list[dict]) -> dict:  # noqa: 
         if judge is not None:
             caps = [r["prompt"] for r in rs]
             s["prompt_fidelity"] = metrics.prompt_fidelity(judge, images[lab], caps)
-            s |= {f"{k}_vs_rendered": v for k, v in
-                  metrics.feature_distances(judge, reference, images[lab]).items()}
-            if ar_label and lab != ar_label and len(images.get(ar_label, [])) == len(rs):
-                s |= {f"{k}_vs_ar": v for k, v in
-                      metrics.feature_distances(judge, images[ar_label], images[lab]).items()}
+            if len(rs) >= MIN_FID_IMAGES:
+                s |= {f"{k}_vs_rendered": v for k, v in
+                      metrics.feature_distances(judge, reference, images[lab]).items()}
+                if ar_label and lab != ar_label and len(images.get(ar_label, [])) == len(rs):
+                    s |= {f"{k}_vs_ar": v for k, v in
+                          metrics.feature_distances(judge, images[ar_label], images[lab]).items()}
+            elif f"fewer than {MIN_FID_IMAGES}" not in " ".join(notes):
+                notes.append(f"FID/KID not reported: fewer than {MIN_FID_IMAGES} images per "
+                             "variant, where their estimates mean nothing (use more prompts or "
+                             "seeds)")
         summary["variants"][lab] = s
 
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_text(out / "summary.json", json.dumps(summary, indent=2))
     table = render_table(summary)
-    (out / "table.md").write_text(table + "\n")
+    write_text(out / "table.md", table + "\n")
     _plot_pareto(summary, out / "pareto.png")
     _write_maps(cfg, grid, by_variant, images, out / "maps")
     summary["table"] = table
@@ -140,18 +173,25 @@ def _plot_pareto(summary: dict, path: Path) -> None:
     quality = "prompt_fidelity" if all("prompt_fidelity" in summary["variants"][lab]
                                        for lab in labs) else None
     ys = [summary["variants"][lab][quality] if quality else 0.0 for lab in labs]
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    ax.scatter(xs, ys)
-    for x, y, lab in zip(xs, ys, labs, strict=True):
-        ax.annotate(lab, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    front = sorted(_pareto(list(zip(xs, ys, strict=True))), key=lambda i: xs[i])
-    ax.plot([xs[i] for i in front], [ys[i] for i in front], "r--", lw=1, label="Pareto front")
-    ax.set_xlabel("step compression (tokens per target forward)")
-    ax.set_ylabel("prompt fidelity (judge accuracy)" if quality else "(no quality metric)")
-    ax.set_title("speed vs quality")
-    ax.legend(fontsize=8)
+    speedups = [summary["variants"][lab]["speedup_vs_ar"] or 0.0 for lab in labs]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
+    for ax, xv, xlabel in ((axes[0], xs, "step compression (tokens per target forward)"),
+                           (axes[1], speedups, "wall-clock speed-up vs AR (same run)")):
+        ax.scatter(xv, ys)
+        for k, (x, y, lab) in enumerate(zip(xv, ys, labs, strict=True)):
+            # alternate label offsets so neighbouring points' labels do not sit on each other
+            ax.annotate(lab, (x, y), fontsize=6.5, xytext=(4, 6 if k % 2 else -10),
+                        textcoords="offset points")
+        front = sorted(_pareto(list(zip(xv, ys, strict=True))), key=lambda i: xv[i])
+        ax.plot([xv[i] for i in front], [ys[i] for i in front], "r--", lw=1, label="Pareto front")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("prompt fidelity (judge accuracy)" if quality else "(no quality metric)")
+        ax.legend(fontsize=8)
+    axes[0].set_title("fewer forwards vs quality")
+    axes[1].set_title("less waiting vs quality")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
 
 
@@ -172,5 +212,6 @@ def _write_maps(cfg, grid: tuple[int, int], by_variant: dict, images: dict,  # n
             ents.append(torch.tensor(r["entropy"]).view(grid))
             titles.append(f"{lab}: {r['forward_passes']} fwd")
         if ims:
-            acceptance_figure(ims, torch.stack(steps), torch.stack(ents), titles).save(
-                folder / f"prompt{p}.png")
+            fig = acceptance_figure(ims, torch.stack(steps), torch.stack(ents), titles,
+                                    caption=str(r["prompt"]))
+            save_image(fig, folder / f"prompt{p}.png")

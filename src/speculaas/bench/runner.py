@@ -97,16 +97,73 @@ def _key(variant: str, prompt_index: int, seed: int) -> str:
     return f"{variant}|{prompt_index}|{seed}"
 
 
-def read_results(out: Path) -> list[dict]:
+REQUIRED = ("variant", "prompt_index", "seed", "forward_passes", "tokens", "settings")
+
+
+def read_log(path: Path, repair: bool = False) -> tuple[list[dict], list[str]]:
+    """The valid rows of one append-only results log, and a note per line that was not.
+
+    A final line without its newline was cut short by a kill: it is dropped (with `repair`,
+    cut off the file, so the next append starts on a fresh line) and its item runs again. A
+    bad line anywhere else is reported by line number; the rows around it are kept.
+    """
+    data = path.read_bytes()
+    complete = data.rfind(b"\n") + 1
+    notes = []
+    if complete < len(data):
+        notes.append(f"{path.name}: dropped a torn last line (a kill mid-write); its item "
+                     "runs again")
+        if repair:
+            with path.open("r+b") as f:
+                f.truncate(complete)
+    rows = []
+    for number, line in enumerate(data[:complete].decode(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            notes.append(f"{path.name} line {number}: not JSON; skipped")
+            continue
+        missing = [k for k in REQUIRED if not isinstance(row, dict) or k not in row]
+        if missing:
+            notes.append(f"{path.name} line {number}: not a result row (missing "
+                         f"{', '.join(missing)}); skipped")
+            continue
+        rows.append(row)
+    return rows, notes
+
+
+def read_results(out: Path, repair: bool = False) -> list[dict]:
     rows = []
     for path in sorted(out.glob(RESULTS_GLOB)):
-        for line in path.read_text().splitlines():
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass  # a line cut short by a kill; its item runs again on resume
+        found, notes = read_log(path, repair)
+        for note in notes:
+            print(f"speculaas bench: {note}")
+        rows += found
     return rows
+
+
+def item_settings(cfg: BenchConfig, model, v: Variant, prompt) -> dict:  # noqa: ANN001
+    """Everything that decides an item's result besides its seed; stored in every row, and
+    compared on --resume."""
+    from .. import __version__
+    from ..api import resolve_sampling
+
+    opts = _decode_options(cfg, v)
+    sampling = resolve_sampling(model, opts.get("temperature"), opts.get("top_k"),
+                                opts.get("top_p"), opts.get("cfg_scale"))
+    return {"model": cfg.model, "weights": cfg.weights,
+            "weights_id": getattr(model, "weights_id", None), "method": v.method,
+            "options": {k: v for k, v in sorted(opts.items())}, "sampling": vars(sampling),
+            "prompt": prompt if isinstance(prompt, (str, int, type(None))) else repr(prompt),
+            "model_options": {k: str(x) for k, x in sorted(cfg.model_options.items())},
+            "version": __version__}
+
+
+def _differences(old: dict, new: dict) -> list[str]:
+    return [f"{k}: {old.get(k)!r} then, {new.get(k)!r} now" for k in sorted(set(old) | set(new))
+            if old.get(k) != new.get(k)]
 
 
 def _peak_memory_mb(device: torch.device) -> float:
@@ -138,8 +195,21 @@ def run(cfg: BenchConfig) -> dict | None:
     # drift affects all methods alike.
     pairs = [(i, s) for i in range(len(prompts)) for s in range(cfg.seeds)]
     results_path = cfg.out / f"results.rank{state.process_index}.jsonl"
-    done = {_key(r["variant"], r["prompt_index"], r["seed"]) for r in read_results(cfg.out)} \
-        if cfg.resume else set()
+    settings = {(v.label, i): item_settings(cfg, model, v, prompts[i])
+                for v in cfg.variants for i in range(len(prompts))}
+    done = set()
+    if cfg.resume:
+        for r in read_results(cfg.out, repair=state.is_main_process):
+            want = settings.get((r["variant"], r["prompt_index"]))
+            if want is None:
+                continue  # a variant or prompt this run does not ask for
+            if r["settings"] != want:
+                raise ValueError(
+                    f"--resume: {cfg.out} holds results of other settings for "
+                    f"{r['variant']} prompt {r['prompt_index']}: "
+                    + "; ".join(_differences(r["settings"], want))
+                    + ". Use a new --out, or the settings of the first run")
+            done.add(_key(r["variant"], r["prompt_index"], r["seed"]))
     if not cfg.resume and state.is_main_process:
         for old in cfg.out.glob(RESULTS_GLOB):
             old.unlink()
@@ -161,6 +231,7 @@ def run(cfg: BenchConfig) -> dict | None:
                                decode_images=False, profile=True, **_decode_options(cfg, v))
                 row = {
                     "variant": v.label, "method": v.method, "options": v.options,
+                    "settings": settings[(v.label, i)], "mean_window": float(out.mean_window[0]),
                     "prompt_index": i, "prompt": prompts[i], "seed": s,
                     "forward_passes": int(out.forward_passes[0]),
                     "tokens": out.tokens[0].tolist(),
@@ -177,8 +248,11 @@ def run(cfg: BenchConfig) -> dict | None:
     state.wait_for_everyone()
     from accelerate.utils import gather_object
 
-    mine = [json.loads(line) for line in results_path.read_text().splitlines() if line.strip()]
+    mine, _ = read_log(results_path)
     rows = gather_object(mine) if state.num_processes > 1 else mine
     if not state.is_main_process:
         return None
+    # Only the items this run asks for: a resumed folder may hold more prompts or seeds.
+    rows = [r for r in rows if (r["variant"], r["prompt_index"]) in settings
+            and r["seed"] < cfg.seeds]
     return write_report(cfg, model, prompts, rows)

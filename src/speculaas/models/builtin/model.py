@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -47,11 +48,28 @@ class BuiltinModel(ImageModel):
             if not f.is_file():
                 raise ValueError(f"built-in model file not found: {f} (expected {WEIGHTS_FILE} "
                                  f"and {RECORD_FILE}; `speculaas train --out DIR` makes them)")
-        self.record = json.loads(record_path.read_text())
+        try:
+            self.record = json.loads(record_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{record_path} is not valid JSON: {e}") from None
+        needed = ("decoder_config", "vq_config")
+        if not isinstance(self.record, dict) or not all(
+                isinstance(self.record.get(k), dict) for k in needed):
+            raise ValueError(f"{record_path} is not a training record of the built-in model "
+                             f"(needs the objects {', '.join(needed)})")
         self.device = torch.device(device)
-        tensors = load_file(str(weights))
-        self.decoder = Decoder(DecoderConfig(**self.record["decoder_config"]))
-        self.vq = vqlib.build_vq(**self.record["vq_config"])
+        try:
+            tensors = load_file(str(weights))
+        except Exception as e:  # safetensors raises its own error type for damaged files
+            raise ValueError(f"{weights} cannot be read as safetensors (truncated or damaged?):"
+                             f" {e}") from None
+        with weights.open("rb") as f:  # names these weights in benchmark records
+            self.weights_id = hashlib.sha256(f.read()).hexdigest()[:16]
+        try:
+            self.decoder = Decoder(DecoderConfig(**self.record["decoder_config"]))
+            self.vq = vqlib.build_vq(**self.record["vq_config"])
+        except TypeError as e:
+            raise ValueError(f"{record_path}: bad model configuration: {e}") from None
         self.judge = Judge(heads_in(tensors))
         for module, prefix in ((self.decoder, "ar."), (self.vq, "vq."), (self.judge, "judge.")):
             _load_part(module, tensors, prefix, weights)

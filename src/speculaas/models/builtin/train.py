@@ -45,7 +45,7 @@ class TrainConfig:
     judge_steps: int = 500
     judge_batch: int = 64
     ar_scenes: int = 40_960
-    ar_steps: int = 4_000
+    ar_steps: int = 3_000
     ar_batch: int = 32
     ar_lr: float = 1e-3
     ar_warmup: int = 100
