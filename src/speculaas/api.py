@@ -96,7 +96,7 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
              window: int | str | WindowPolicy = 16, temperature: float | None = None, top_k: int | None = None,
              top_p: float | None = None, cfg_scale: float | None = None,
              draft_init: str = "uniform", coupling: str = "none", advance: str = "per_image",
-             progress: bool = False, max_batch: int = 32,
+             progress=False, max_batch: int = 32,
              decode_images: bool = True, profile: bool = False, **options) -> GenerationOutput:
     """Generate one image per prompt with `method` (see METHODS); method options by name
     (csd: lam, delta, filter; gsd: group_size, prob_threshold, dist_threshold; lantern: k,
@@ -116,7 +116,9 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
                           coupling=coupling, advance=advance)
     gens = generators_for(model, seed, len(prompts))
     bar = None
-    if progress:
+    if hasattr(progress, "update"):  # the caller's own progress object (update(n), close())
+        bar = progress
+    elif progress:
         from tqdm import tqdm
         bar = tqdm(total=len(prompts) * model.layout.length, desc=method, unit="tok",
                    dynamic_ncols=True, leave=False)

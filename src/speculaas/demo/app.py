@@ -2,16 +2,20 @@
 seed) and shows where decoding sped up.
 
 A FastAPI app: GET / serves the page, GET /api/config the model's defaults and limits,
-POST /api/generate runs one request. Requests run one at a time (a lock), inputs are bounded so
-no request can take the server down or run for minutes, and any bad value comes back as a
-readable message.
+POST /api/generate runs one request. Requests are validated before they queue (a bad one is
+answered 400 at once), generations run one at a time on a worker thread so the server keeps
+answering, at most `QUEUE_LIMIT` requests wait (the next gets 503 with Retry-After at once),
+work whose client has gone is cancelled, and every request has a time limit.
 """
 
 
+import asyncio
 import base64
 import io
 import math
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +24,34 @@ from PIL import Image
 
 from ..api import METHODS, generate
 from ..bench.maps import run_lengths
+from ..checks import is_integer, is_number
+from ..config import COUPLINGS, DRAFT_INITS
 
 LIMITS = {"caption_chars": 300, "window": (1, 64), "lam": (0.0, 10.0), "delta": (0.0, 1.0),
           "temperature": (0.05, 5.0), "cfg_scale": (0.0, 20.0), "seed": (0, 2**31 - 1)}
+QUEUE_LIMIT = 4  # one running + three waiting; more is answered 503 at once
+TIME_LIMIT_S = 60.0  # per request, queueing excluded
+
+
+class Cancelled(Exception):
+    """The client left, or the request ran out of time."""
+
+
+class _Watch:
+    """Stands in for the progress bar of generate(): every loop iteration it checks whether
+    the request should stop, so cancelling costs at most one iteration."""
+
+    def __init__(self, stop: threading.Event, deadline: float) -> None:
+        self.stop, self.deadline = stop, deadline
+
+    def update(self, n: int = 1) -> None:
+        if self.stop.is_set():
+            raise Cancelled("the client left")
+        if time.monotonic() > self.deadline:
+            raise Cancelled(f"the request took longer than {TIME_LIMIT_S:.0f} s")
+
+    def close(self) -> None:
+        pass
 EXAMPLES = [
     "a big red circle on the left over grass",
     "a small blue square on the right at sunset",
@@ -48,15 +77,15 @@ def _heat(values: np.ndarray, vmin: float, vmax: float, cmap: str) -> Image.Imag
 
 
 def _number(form: dict, key: str, default, cast=float):  # noqa: ANN001, ANN202
+    """A JSON number (null or absent: the default); strings and bools are refused."""
     raw = form.get(key, None)
-    if raw in (None, ""):
+    if raw is None:
         return default
-    try:
-        value = cast(raw)
-    except (TypeError, ValueError):
-        raise ValueError(f"{key} must be a number, got {raw!r}") from None
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{key} must be finite, got {raw!r}")
+    if cast is int and not is_integer(raw):
+        raise ValueError(f"{key} must be a whole number, got {raw!r}")
+    if not is_number(raw) or not math.isfinite(raw):
+        raise ValueError(f"{key} must be a finite number, got {raw!r}")
+    value = cast(raw)
     lo, hi = LIMITS[key]
     if not lo <= value <= hi:
         raise ValueError(f"{key} must be between {lo} and {hi}, got {value}")
@@ -65,7 +94,10 @@ def _number(form: dict, key: str, default, cast=float):  # noqa: ANN001, ANN202
 
 def parse_request(form: dict, model) -> dict:  # noqa: ANN001
     """Validate a form into generate() arguments; raises ValueError with a readable message."""
-    caption = str(form.get("caption", "")).strip()
+    caption = form.get("caption", "")
+    if not isinstance(caption, str):
+        raise ValueError(f"caption must be text, got {caption!r}")
+    caption = caption.strip()
     if not caption:
         raise ValueError("please enter a caption")
     if len(caption) > LIMITS["caption_chars"]:
@@ -74,10 +106,19 @@ def parse_request(form: dict, model) -> dict:  # noqa: ANN001
     method = form.get("method", "csd")
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    compare = form.get("compare", False)
+    if not isinstance(compare, bool):
+        raise ValueError(f"compare must be true or false, got {compare!r}")
+    for key, valid in (("coupling", COUPLINGS), ("draft_init", DRAFT_INITS)):
+        if form.get(key) is not None and form[key] not in valid:
+            raise ValueError(f"unknown {key} {form[key]!r}; choose one of {', '.join(valid)}")
     d = model.defaults
+    window = form.get("window")
     args = {
         "method": method,
-        "window": _number(form, "window", 16, int),
+        "window": "auto" if window == "auto" else _number(form, "window", "auto", int),
+        "coupling": form.get("coupling") or "none",
+        "draft_init": form.get("draft_init") or "uniform",
         "temperature": _number(form, "temperature", d.temperature),
         "cfg_scale": _number(form, "cfg_scale", d.cfg_scale or 1.0),
         "seed": _number(form, "seed", 0, int),
@@ -85,19 +126,19 @@ def parse_request(form: dict, model) -> dict:  # noqa: ANN001
     if method == "csd":
         args["lam"] = _number(form, "lam", 0.5)
         args["delta"] = _number(form, "delta", 0.65)
-    model.check_prompts([caption])  # the model's own vocabulary check
-    return {"caption": caption, "compare": bool(form.get("compare", False)), **args}
+    model.check_prompts([caption])  # the model's own grammar check
+    return {"caption": caption, "compare": compare, **args}
 
 
-def run_request(model, req: dict) -> dict:  # noqa: ANN001
+def run_request(model, req: dict, watch: _Watch | None = None) -> dict:  # noqa: ANN001
     caption, compare = req["caption"], req["compare"]
     args = {k: v for k, v in req.items() if k not in ("caption", "compare")}
-    runs = [args] + ([{**args, "method": "ar", "lam": None, "delta": None}] if compare
-                     and args["method"] != "ar" else [])
+    ar = {"method": "ar", "seed": args["seed"], "temperature": args["temperature"],
+          "cfg_scale": args["cfg_scale"]}
+    runs = [args] + ([ar] if compare and args["method"] != "ar" else [])
     results = []
     for r in runs:
-        r = {k: v for k, v in r.items() if v is not None}
-        out = generate(model, [caption], **r)
+        out = generate(model, [caption], progress=watch or False, **r)
         steps = out.commit_step[0]
         runs_map = run_lengths(steps[None])[0].numpy()
         ent = out.entropy[0].numpy()
@@ -111,6 +152,7 @@ def run_request(model, req: dict) -> dict:  # noqa: ANN001
             "tokens": n,
             "step_compression": round(n / int(out.forward_passes[0]), 2),
             "latency_s": round(out.latency_s, 3),
+            "mean_window": round(float(out.mean_window[0]), 1),
             "max_run": int(runs_map.max()),
         })
     return {"runs": results}
@@ -121,7 +163,14 @@ def create_app(model):  # noqa: ANN001, ANN201
     from fastapi.responses import HTMLResponse, JSONResponse
 
     app = FastAPI(title="speculaas demo")
-    lock = threading.Lock()
+    worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speculaas-demo")
+    waiting = {"n": 0}  # requests queued or running; touched only on the event loop
+
+    def work(req: dict, stop: threading.Event) -> dict:
+        if stop.is_set():  # the client left while the request waited
+            raise Cancelled("the client left")
+        with torch.inference_mode():
+            return run_request(model, req, _Watch(stop, time.monotonic() + TIME_LIMIT_S))
 
     @app.get("/", response_class=HTMLResponse)
     def page() -> str:
@@ -131,15 +180,20 @@ def create_app(model):  # noqa: ANN001, ANN201
     def config() -> dict:
         d = model.defaults
         return {"methods": list(METHODS), "examples": EXAMPLES, "limits": LIMITS,
-                "defaults": {"window": 16, "temperature": d.temperature,
+                "couplings": list(COUPLINGS), "draft_inits": list(DRAFT_INITS),
+                "defaults": {"window": "auto", "temperature": d.temperature,
                              "cfg_scale": d.cfg_scale or 1.0, "lam": 0.5, "delta": 0.65,
-                             "seed": 0},
+                             "seed": 0, "coupling": "none", "draft_init": "uniform"},
                 "model": model.name}
 
     @app.post("/api/generate")
     async def gen(request: Request):  # noqa: ANN202
         try:
-            form = await request.json()
+            try:
+                form = await request.json()
+            except (ValueError, UnicodeDecodeError):
+                raise ValueError("could not read the request: the body is not valid JSON") \
+                    from None
             if not isinstance(form, dict):
                 raise ValueError("the request must be a JSON object")
             req = parse_request(form, model)
@@ -147,12 +201,25 @@ def create_app(model):  # noqa: ANN001, ANN201
             return JSONResponse({"error": str(e)}, status_code=400)
         except Exception:  # noqa: BLE001 - malformed JSON and the like
             return JSONResponse({"error": "could not read the request"}, status_code=400)
-        with lock:
-            try:
-                with torch.inference_mode():
-                    return run_request(model, req)
-            except ValueError as e:
-                return JSONResponse({"error": str(e)}, status_code=400)
+        if waiting["n"] >= QUEUE_LIMIT:
+            return JSONResponse({"error": "the server is busy; try again in a few seconds"},
+                                status_code=503, headers={"Retry-After": "5"})
+        waiting["n"] += 1
+        stop = threading.Event()
+        job = asyncio.get_running_loop().run_in_executor(worker, work, req, stop)
+        try:
+            while not job.done():  # the event loop stays free; a client that leaves cancels
+                done, _ = await asyncio.wait({job}, timeout=0.25)
+                if not done and await request.is_disconnected():
+                    stop.set()
+            return job.result()
+        except Cancelled as e:
+            return JSONResponse({"error": f"stopped: {e}"}, status_code=503,
+                                headers={"Retry-After": "5"})
+        except ValueError as e:
+            return JSONResponse({"error": str(e)}, status_code=400)
+        finally:
+            waiting["n"] -= 1
 
     return app
 

@@ -1,0 +1,96 @@
+"""The demo server under load (loopback only, bounded): every request gets an answer in time,
+bad ones at once, and the page stays reachable while generations run."""
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+GOOD = {"caption": "a small blue square on the right at sunset", "method": "csd", "window": 8,
+        "compare": False}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def url():
+    import uvicorn
+
+    import speculaas as sp
+    from speculaas.demo.app import create_app
+
+    port = _free_port()
+    srv = uvicorn.Server(uvicorn.Config(create_app(sp.load_model("builtin")), host="127.0.0.1",
+                                        port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not srv.started and time.time() < deadline:
+        time.sleep(0.05)
+    assert srv.started
+    yield f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    thread.join(timeout=10)
+
+
+def _post(url: str, body, timeout: float = 120.0) -> tuple[int, dict, float]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url + "/api/generate", data=data,
+                                 headers={"Content-Type": "application/json"})
+    t0 = time.monotonic()
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read()), time.monotonic() - t0
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read()), time.monotonic() - t0
+
+
+@pytest.mark.parametrize("body,message", [
+    ({**GOOD, "compare": "false"}, "compare must be true or false"),
+    ({**GOOD, "delta": "0.5"}, "delta must be a finite number"),
+    ({**GOOD, "window": 16.5}, "window must be a whole number"),
+    ({**GOOD, "seed": True}, "seed must be a whole number"),
+    ({**GOOD, "caption": 7}, "caption must be text"),
+    ({**GOOD, "coupling": "tight"}, "unknown coupling"),
+    ({**GOOD, "caption": "a cat"}, "does not know"),
+    (b"{not json", "could not read the request"),
+    ([1, 2], "must be a JSON object"),
+])
+def test_bad_requests_are_answered_400_at_once(url, body, message):
+    status, data, seconds = _post(url, body)
+    assert status == 400 and message in data["error"]
+    assert seconds < 5
+
+
+def test_twenty_concurrent_requests_all_answered_and_the_page_stays_up(url):
+    bodies = [({**GOOD, "seed": i} if i % 4 else {**GOOD, "delta": 7}) for i in range(20)]
+    with ThreadPoolExecutor(max_workers=20) as pool:
+        futures = [pool.submit(_post, url, b) for b in bodies]
+        time.sleep(0.5)  # generations are running now
+        t0 = time.monotonic()
+        with urllib.request.urlopen(url + "/", timeout=10) as resp:
+            assert resp.status == 200 and b"speculaas" in resp.read()
+        page_seconds = time.monotonic() - t0
+        answers = [f.result(timeout=180) for f in futures]
+    assert page_seconds < 2.0, page_seconds
+    codes = [status for status, _, _ in answers]
+    assert set(codes) <= {200, 400, 503}, codes
+    assert codes.count(400) == 5  # the five bad ones, whatever the load
+    assert 1 <= codes.count(200) and codes.count(503) >= 1, codes
+    for status, data, seconds in answers:
+        if status == 503:
+            assert seconds < 5 and "busy" in data["error"]
+        if status == 200:
+            assert data["runs"][0]["forward_passes"] < 256
