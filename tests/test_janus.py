@@ -131,3 +131,36 @@ def test_wrong_family_and_missing_files(tmp_path, janus_dir):
         sp.load_model("janus", str(tmp_path))
     with pytest.raises(ValueError, match="janus needs a checkpoint"):
         sp.load_model("janus")
+
+
+def test_model_already_in_memory(janus, janus_dir):
+    """A researcher's loaded model and processor wrap without a second load from disk."""
+    from transformers import JanusForConditionalGeneration
+
+    loaded = JanusForConditionalGeneration.from_pretrained(janus_dir)
+    wrapped = sp.load_model("janus", model=loaded)
+    a = sp.generate(wrapped, PROMPTS, method="csd", seed=2, decode_images=False)
+    b = sp.generate(janus, PROMPTS, method="csd", seed=2, decode_images=False)
+    assert torch.equal(a.tokens, b.tokens)
+    with pytest.raises(ValueError, match="not both"):
+        sp.load_model("janus", str(janus_dir), model=loaded)
+    with pytest.raises(ValueError, match="must be a transformers JanusForConditionalGeneration"):
+        sp.load_model("janus", model=torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="needs a checkpoint"):
+        sp.load_model("janus")
+
+
+def test_remote_code_is_never_run(janus_dir, tmp_path):
+    """A checkpoint whose config asks for its own code (auto_map) loads with the library's
+    classes; nothing asks whether to run the folder's code."""
+    import json
+    import shutil
+
+    folder = tmp_path / "with-auto-map"
+    shutil.copytree(janus_dir, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModel": "evil.EvilModel"}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    (folder / "evil.py").write_text("raise SystemExit('remote code ran')\n")
+    model = sp.load_model("janus", str(folder))
+    assert type(model.hf).__module__.startswith("transformers.")

@@ -51,7 +51,7 @@ def load_model(name: str, path: str | None = None, **kwargs) -> ImageModel:
     module, cls_name, hint = MODELS[name]
     if hint is None and path is not None:
         raise ValueError(f"the {name} model has random weights and takes no path")
-    if hint is not None and path is None and name != "builtin":
+    if hint is not None and path is None and name != "builtin" and "model" not in kwargs:
         raise ValueError(f"{name} needs a checkpoint: {hint}")
     if "device" in kwargs:
         kwargs["device"] = check_device(kwargs["device"])

@@ -21,7 +21,7 @@ from PIL import Image
 
 from ..config import SamplingConfig
 from .base import ImageModel, Layout, Session, to_images
-from .hf import PerImageCacheSession, load_checkpoint
+from .hf import PerImageCacheSession, checkpoint_or_model
 
 DEFAULTS = SamplingConfig(temperature=1.0, top_k=2000, top_p=None, cfg_scale=3.0)
 EOL_NAME, IMAGE_START_NAME = "<reserved08799>", "<racm3:break>"
@@ -30,14 +30,14 @@ EOL_NAME, IMAGE_START_NAME = "<reserved08799>", "<racm3:break>"
 class ChameleonModel(ImageModel):
     name = "lumina-mgpt"
 
-    def __init__(self, path: str, device: str | torch.device = "cpu",
+    def __init__(self, path: str | None = None, device: str | torch.device = "cpu",
                  dtype: torch.dtype | str | None = None, grid: tuple[int, int] = (48, 48),
                  vqgan: str | Path | None = None, eol_token: str = EOL_NAME,
-                 image_start_token: str = IMAGE_START_NAME) -> None:
+                 image_start_token: str = IMAGE_START_NAME, model=None) -> None:  # noqa: ANN001
         from transformers import ChameleonForConditionalGeneration
 
-        self.hf = load_checkpoint(ChameleonForConditionalGeneration, str(path), "chameleon",
-                                  dtype)
+        self.hf = checkpoint_or_model(ChameleonForConditionalGeneration, path, model, "chameleon",
+                                      dtype)
         self.device = torch.device(device)
         self.hf.to(self.device)
         vm = self.hf.model.vocabulary_mapping
@@ -55,7 +55,7 @@ class ChameleonModel(ImageModel):
         self.boi_id = vocab[image_start_token]
         self.pad_id = self.hf.config.pad_token_id if self.hf.config.pad_token_id is not None else 1
         self.text_config = self.hf.config
-        folder = Path(vqgan) if vqgan is not None else Path(path) / "vqgan"
+        folder = Path(vqgan) if vqgan is not None else Path(path or ".") / "vqgan"
         self.vqgan = None
         if (folder / "vqgan.ckpt").exists() or vqgan is not None:
             from .vqgan import VQGANDecoder

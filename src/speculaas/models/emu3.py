@@ -19,7 +19,7 @@ from PIL import Image
 
 from ..config import SamplingConfig
 from .base import ImageModel, Layout, Session, to_images
-from .hf import PerImageCacheSession, load_checkpoint, load_processor
+from .hf import PerImageCacheSession, checkpoint_or_model, processor_for
 
 DEFAULTS = SamplingConfig(temperature=1.0, top_k=2048, top_p=None, cfg_scale=3.0)
 
@@ -29,14 +29,18 @@ class Emu3Model(ImageModel):
 
     def __init__(
         self,
-        path: str,
+        path: str | None = None,
         device: str | torch.device = "cpu",
         dtype: torch.dtype | str | None = None,
         grid: tuple[int, int] = (90, 90),
+        model=None,  # noqa: ANN001
+        processor=None,  # noqa: ANN001
     ) -> None:
         from transformers import Emu3ForConditionalGeneration
 
-        self.hf = load_checkpoint(Emu3ForConditionalGeneration, str(path), "emu3", dtype)
+        self.hf = checkpoint_or_model(Emu3ForConditionalGeneration, path, model, "emu3", dtype)
+        given = model is not None
+        path = path or "the given model"
         self.device = torch.device(device)
         self.hf.to(self.device).eval()
         vm = self.hf.model.vocabulary_mapping
@@ -56,7 +60,7 @@ class Emu3Model(ImageModel):
         if self.boi_id is None:
             raise ValueError(f"{path}: vocabulary has no '<|image start|>' token")
         self.text_config = self.hf.config.text_config
-        self.processor = load_processor(str(path))  # None: prompts must be token ids
+        self.processor = processor_for(None if given else path, processor)
 
     def _ids(self, prompt) -> torch.Tensor:  # noqa: ANN001
         if isinstance(prompt, str):

@@ -43,6 +43,29 @@ def load_checkpoint(cls, path: str, model_type: str, dtype):  # noqa: ANN001, AN
         raise ValueError(f"cannot load {model_type} weights from {path!r}: {e}") from None
 
 
+def checkpoint_or_model(cls, path, model, model_type: str, dtype):  # noqa: ANN001, ANN201
+    """The transformers model to wrap: `model` as given (already in memory), or loaded from
+    `path`. Exactly one of the two; a model of the wrong class is refused."""
+    if model is not None:
+        if path is not None:
+            raise ValueError(f"{model_type}: pass a checkpoint path or model=, not both")
+        if not isinstance(model, cls):
+            raise ValueError(f"{model_type}: model= must be a transformers {cls.__name__}, got "
+                             f"{type(model).__name__}")
+        return model.eval()
+    if path is None:
+        raise ValueError(f"{model_type} needs a checkpoint (a local folder or hub name) or an "
+                         "already loaded model=")
+    return load_checkpoint(cls, str(path), model_type, dtype)
+
+
+def processor_for(path, processor):  # noqa: ANN001, ANN201
+    """The processor given, else the checkpoint's own (None when it has none)."""
+    if processor is not None:
+        return processor
+    return load_processor(str(path)) if path is not None else None
+
+
 def load_processor(path: str):  # noqa: ANN201
     """The checkpoint's processor, or None when it ships no tokenizer."""
     try:

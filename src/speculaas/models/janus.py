@@ -21,7 +21,7 @@ from PIL import Image
 
 from ..config import SamplingConfig
 from .base import ImageModel, Layout, Session, to_images
-from .hf import PerImageCacheSession, load_checkpoint, load_processor
+from .hf import PerImageCacheSession, checkpoint_or_model, processor_for
 
 DEFAULTS = SamplingConfig(temperature=1.0, top_k=None, top_p=None, cfg_scale=5.0)
 
@@ -29,11 +29,13 @@ DEFAULTS = SamplingConfig(temperature=1.0, top_k=None, top_p=None, cfg_scale=5.0
 class JanusModel(ImageModel):
     name = "janus"
 
-    def __init__(self, path: str, device: str | torch.device = "cpu",
-                 dtype: torch.dtype | str | None = None) -> None:
+    def __init__(self, path: str | None = None, device: str | torch.device = "cpu",
+                 dtype: torch.dtype | str | None = None, model=None,  # noqa: ANN001
+                 processor=None) -> None:  # noqa: ANN001
         from transformers import JanusForConditionalGeneration
 
-        self.hf = load_checkpoint(JanusForConditionalGeneration, str(path), "janus", dtype)
+        self.hf = checkpoint_or_model(JanusForConditionalGeneration, path, model, "janus", dtype)
+        path = path or "the given model"
         self.device = torch.device(device)
         self.hf.to(self.device).eval()
         cfg = self.hf.config
@@ -50,7 +52,7 @@ class JanusModel(ImageModel):
         kwargs = getattr(gen, "generation_kwargs", None) or {}
         self.boi_id = kwargs.get("boi_token_id")
         self.text_config = cfg.text_config
-        self.processor = load_processor(str(path))  # None: prompts must be token ids
+        self.processor = processor_for(None if model is not None else path, processor)
         if self.processor is not None and self.boi_id is None:
             tok = self.processor.tokenizer
             self.boi_id = tok.convert_tokens_to_ids(self.processor.image_start_token)
