@@ -73,11 +73,13 @@ def toy():
     return sp.load_model("toy", vocab_size=3, length=4, seed=0)
 
 
-@pytest.mark.parametrize("window,draft_init", [(16, "uniform"), (3, "uniform"), (3, "onehot")])
-def test_sjd_matches_exact_distribution(toy, window, draft_init):
+@pytest.mark.parametrize("window,draft_init,coupling", [(16, "uniform", "none"),
+                                                        (3, "uniform", "maximal"),
+                                                        (3, "onehot", "none")])
+def test_sjd_matches_exact_distribution(toy, window, draft_init, coupling):
     sampling = SamplingConfig()
-    counts = sample_sequences(toy, sp.acceptance.get("sjd"),
-                              JacobiConfig(window=window, draft_init=draft_init), sampling)
+    jacobi = JacobiConfig(window=window, draft_init=draft_init, coupling=coupling)
+    counts = sample_sequences(toy, sp.acceptance.get("sjd"), jacobi, sampling)
     assert chi_square_p(counts, toy.exact_distribution(sampling)) > ALPHA
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .config import COUPLINGS, DRAFT_INITS, METHODS, MODEL_NAMES
+from .config import (COUPLINGS, DEFAULT_COUPLING, DEFAULT_DRAFT_INIT, DRAFT_INITS, METHODS,
+                     MODEL_NAMES)
 
 MAX_IMAGES = 10_000  # per CLI call; larger jobs belong in `speculaas bench` or a script
 HELP = argparse.ArgumentDefaultsHelpFormatter
@@ -100,9 +101,9 @@ def add_decoding_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window", type=_window, default=16,
                    help="slots per forward, or 'auto' (chosen per iteration from the measured "
                         "cost of a window)")
-    p.add_argument("--draft-init", default="uniform", choices=DRAFT_INITS,
+    p.add_argument("--draft-init", default=DEFAULT_DRAFT_INIT, choices=DRAFT_INITS,
                    help="what fresh draft slots hold")
-    p.add_argument("--coupling", default="none", choices=COUPLINGS,
+    p.add_argument("--coupling", default=DEFAULT_COUPLING, choices=COUPLINGS,
                    help="how tail slots become the next drafts (maximal/gumbel: coupled)")
     p.add_argument("--temperature", type=float, default=None, help="None: the model's default")
     p.add_argument("--top-k", type=int, default=None,

@@ -187,10 +187,14 @@ def run(cfg: BenchConfig) -> dict | None:
     from .report import write_report
 
     state = PartialState(cpu=not torch.cuda.is_available())
+    say = print if state.is_main_process else (lambda *a, **k: None)
     cfg.out.mkdir(parents=True, exist_ok=True)
     device = cfg.device if state.num_processes == 1 or cfg.device == "cpu" else state.device
-    model = load_model(cfg.model, cfg.weights, device=device, **cfg.model_options)
     prompts = load_prompts(cfg.prompts, cfg.limit, cfg.model)
+    n_items = len(prompts) * cfg.seeds * len(cfg.variants)
+    say(f"speculaas bench: {len(prompts)} prompts x {cfg.seeds} seeds x {len(cfg.variants)} "
+        f"variants = {n_items} images; loading {cfg.model}...", flush=True)
+    model = load_model(cfg.model, cfg.weights, device=device, **cfg.model_options)
     # Interleave: every variant runs on a (prompt, seed) before the next pair starts, so machine
     # drift affects all methods alike.
     pairs = [(i, s) for i in range(len(prompts)) for s in range(cfg.seeds)]
@@ -219,9 +223,14 @@ def run(cfg: BenchConfig) -> dict | None:
         todo = [(v, i, s) for i, s in mine for v in cfg.variants
                 if _key(v.label, i, s) not in done]
         if cfg.warmup and todo:
+            say(f"warm-up: one unrecorded image per variant ({len(cfg.variants)})...", flush=True)
+            t0 = time.perf_counter()
             for v in cfg.variants:  # one unrecorded image per variant: caches, allocator, JIT
                 generate(model, [prompts[0]], method=v.method, seed=0, decode_images=False,
                          **_decode_options(cfg, v))
+            per_image = (time.perf_counter() - t0) / len(cfg.variants)
+            say(f"{len(todo)} images to run on this process, about "
+                f"{len(todo) * per_image / 60:.1f} min at {per_image:.2f} s per image", flush=True)
         bar = tqdm(todo, desc=f"bench rank {state.process_index}", dynamic_ncols=True,
                    disable=not state.is_local_main_process)
         with results_path.open("a") as f:
@@ -255,4 +264,5 @@ def run(cfg: BenchConfig) -> dict | None:
     # Only the items this run asks for: a resumed folder may hold more prompts or seeds.
     rows = [r for r in rows if (r["variant"], r["prompt_index"]) in settings
             and r["seed"] < cfg.seeds]
+    say("report: decoding images, quality metrics, plots and maps...", flush=True)
     return write_report(cfg, model, prompts, rows)

@@ -25,7 +25,7 @@ from PIL import Image
 from ..api import METHODS, generate
 from ..bench.maps import run_lengths
 from ..checks import is_integer, is_number
-from ..config import COUPLINGS, DRAFT_INITS
+from ..config import COUPLINGS, DEFAULT_COUPLING, DEFAULT_DRAFT_INIT, DRAFT_INITS
 
 LIMITS = {"caption_chars": 300, "window": (1, 64), "lam": (0.0, 10.0), "delta": (0.0, 1.0),
           "temperature": (0.05, 5.0), "cfg_scale": (0.0, 20.0), "seed": (0, 2**31 - 1)}
@@ -117,8 +117,8 @@ def parse_request(form: dict, model) -> dict:  # noqa: ANN001
     args = {
         "method": method,
         "window": "auto" if window == "auto" else _number(form, "window", "auto", int),
-        "coupling": form.get("coupling") or "none",
-        "draft_init": form.get("draft_init") or "uniform",
+        "coupling": form.get("coupling") or DEFAULT_COUPLING,
+        "draft_init": form.get("draft_init") or DEFAULT_DRAFT_INIT,
         "temperature": _number(form, "temperature", d.temperature),
         "cfg_scale": _number(form, "cfg_scale", d.cfg_scale or 1.0),
         "seed": _number(form, "seed", 0, int),
@@ -183,7 +183,8 @@ def create_app(model):  # noqa: ANN001, ANN201
                 "couplings": list(COUPLINGS), "draft_inits": list(DRAFT_INITS),
                 "defaults": {"window": "auto", "temperature": d.temperature,
                              "cfg_scale": d.cfg_scale or 1.0, "lam": 0.5, "delta": 0.65,
-                             "seed": 0, "coupling": "none", "draft_init": "uniform"},
+                             "seed": 0, "coupling": DEFAULT_COUPLING,
+                             "draft_init": DEFAULT_DRAFT_INIT},
                 "model": model.name}
 
     @app.post("/api/generate")
