@@ -148,3 +148,19 @@ def test_variants_and_sweeps():
         Variant.parse("fast")
     with pytest.raises(ValueError, match="bad sweep"):
         expand_sweeps([], ["csd=0.3"])
+
+
+def test_latency_script_runs_on_cpu(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "benchmarks" / "gpu_latency.py"
+    spec = importlib.util.spec_from_file_location("gpu_latency", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    speedups = script.main(["--model", "tiny", "--device", "cpu", "--batches", "1,2",
+                            "--windows", "4,auto", "--repeats", "1"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert json.loads(lines[-1]) == speedups
+    assert speedups["ar@batch1"] == 1.0 and "csd(delta=0.65,W=auto)@batch2" in speedups
+    assert sum("| sjd(W=4) |" in line for line in lines) == 2

@@ -94,6 +94,9 @@ class AutoWindow(WindowPolicy):
     E_i(W) = sum_{k<W} prod_{m<k} alpha_i[m], with alpha_i[m] the image's acceptance rate of
     slot m given slots before it were accepted: counts decayed by `decay` per iteration (the
     content changes along the image), under a Beta prior of mean `prior` and weight 2.
+    t(W) = the measured forward cost plus the loop's own per-iteration overhead, learnt online
+    from the wall time between iterations (the loop already reads the host once per iteration,
+    so this costs no extra synchronisation).
     `cost`: a measured or given curve {window: seconds}; None measures it on first use.
     """
 
@@ -116,12 +119,21 @@ class AutoWindow(WindowPolicy):
         w = self.max_window
         self.reached = torch.zeros(batch, w, device=device)
         self.accepted = torch.zeros(batch, w, device=device)
+        self.overhead = 0.0 if self.cost is not None else None  # a given curve is taken as is
+        self._last = None  # (time, window) of the previous choice
 
     def choose(self, act: torch.Tensor) -> torch.Tensor:
+        now = time.perf_counter()
+        if self._last is not None and self.overhead is not None:
+            spent = now - self._last[0] - self.curve[self._last[1]]
+            self.overhead = max(0.0, spent if self.overhead == 0.0
+                                else 0.8 * self.overhead + 0.2 * spent)
         alpha = (self.accepted[act] + 2 * self.prior) / (self.reached[act] + 2)  # [b, Wmax]
         survive = torch.cumprod(torch.cat([torch.ones_like(alpha[:, :1]), alpha[:, :-1]], 1), 1)
         expected = survive.cumsum(1)[:, self.cand - 1]  # [b, candidates]: E(W)
-        return self.cand[(expected / self.t).argmax(1)]
+        window = self.cand[(expected / (self.t + (self.overhead or 0.0))).argmax(1)]
+        self._last = (now, self.candidates[int(torch.searchsorted(self.cand, window.max()))])
+        return window
 
     def observe(self, act: torch.Tensor, window: torch.Tensor, outputs: torch.Tensor,
                 accepted: torch.Tensor) -> None:

@@ -1,0 +1,89 @@
+"""Wall-clock latency of every method against AR, measured side by side in one run.
+
+    python benchmarks/gpu_latency.py --device cuda                     # built-in model on a GPU
+    python benchmarks/gpu_latency.py --device cuda --model janus --weights PATH --dtype bfloat16
+    python benchmarks/gpu_latency.py --model tiny --batches 1 --windows 4,auto --repeats 1  # CPU
+
+For each batch size: ar, sjd and csd (delta 0.35 / 0.65 / 0.8) with the default drafting, at
+each window; the runs are interleaved (every variant once per repeat) so machine drift hits all
+alike. Prints a table (median latency, forward passes per image, images per second, speed-up vs
+AR in the same run, step compression, mean window) and, as its last line, a JSON of the latency
+speed-ups vs AR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+
+import torch
+
+import speculaas as sp
+from speculaas.bench.prompts import load_prompts
+
+RULES = [("sjd", {}), ("csd", {"delta": 0.35}), ("csd", {"delta": 0.65}), ("csd", {"delta": 0.8})]
+
+
+def label(method: str, opts: dict, window) -> str:  # noqa: ANN001
+    inner = ",".join([f"{k}={v}" for k, v in opts.items()] + [f"W={window}"])
+    return f"{method}({inner})"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="builtin")
+    p.add_argument("--weights", default=None)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--prompts", default=None, help="prompt set (default: the model's own)")
+    p.add_argument("--batches", default="1,8")
+    p.add_argument("--windows", default="16,32,64,auto")
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args(argv)
+    opts = {"device": args.device} | ({"dtype": args.dtype} if args.dtype else {})
+    model = sp.load_model(args.model, args.weights, **opts)
+    source = args.prompts or ("builtin-set" if args.model == "builtin" else "classes")
+    windows = [w if w == "auto" else int(w) for w in args.windows.split(",")]
+    variants = [("ar", {}, 1)] + [(m, o, w) for w in windows for m, o in RULES]
+    dev = model.device
+    hardware = (torch.cuda.get_device_name(dev) if dev.type == "cuda"
+                else platform.processor() or platform.machine())
+    print(f"model {args.model} on {dev} ({hardware}), torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads")
+    rows, speedups = [], {}
+    for batch in (int(b) for b in args.batches.split(",")):
+        prompts = load_prompts(source, batch, args.model)
+        prompts = (prompts * batch)[:batch]
+        for method, o, w in variants:  # warm-up: caches, kernels, the auto window's cost curve
+            sp.generate(model, prompts, method=method, window=w, decode_images=False, **o)
+        times = {i: [] for i in range(len(variants))}
+        fwd, mean_window = {}, {}
+        for rep in range(args.repeats):
+            for i, (method, o, w) in enumerate(variants):
+                out = sp.generate(model, prompts, method=method, window=w, seed=rep,
+                                  decode_images=False, **o)
+                times[i].append(out.latency_s)
+                fwd[i] = out.forward_passes.float().mean().item()
+                mean_window[i] = out.mean_window.float().mean().item()
+        ar = statistics.median(times[0])
+        n_tokens = model.layout.grid[0] * model.layout.grid[1]
+        for i, (method, o, w) in enumerate(variants):
+            med = statistics.median(times[i])
+            lab = label(method, o, w) if method != "ar" else "ar"
+            speedups[f"{lab}@batch{batch}"] = round(ar / med, 3)
+            rows.append((lab, batch, med, fwd[i], batch / med, ar / med, n_tokens / fwd[i],
+                         mean_window[i]))
+    print("| variant | batch | latency med (s) | fwd / image | images/s | speed-up vs AR | "
+          "step compr. | mean window |")
+    print("|---|---|---|---|---|---|---|---|")
+    for lab, b, med, f, ips, sp_, sc, mw in rows:
+        print(f"| {lab} | {b} | {med:.3f} | {f:.1f} | {ips:.2f} | {sp_:.2f}x | {sc:.2f}x | "
+              f"{mw:.1f} |")
+    print(json.dumps(speedups))
+    return speedups
+
+
+if __name__ == "__main__":
+    main()
