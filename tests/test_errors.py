@@ -168,3 +168,26 @@ def test_builtin_captions_ignore_case_and_punctuation():
 
     assert parse_caption("A big RED circle, on the left; over grass.") == \
         "a big red circle on the left over grass"
+
+
+@pytest.mark.parametrize("content,match", [
+    ('{"annotations": [{"id": 1, "caption": "x"}]}', "lacks image_id"),
+    ("[1, 2]", "not an MS-COCO captions file"),
+    ("{not json", "not valid JSON"),
+])
+def test_bad_coco_files(tmp_path, content, match):
+    from speculaas.bench.prompts import load_prompts
+
+    (tmp_path / "c.json").write_text(content)
+    with pytest.raises(ValueError, match=match):
+        load_prompts(str(tmp_path / "c.json"))
+
+
+def test_bad_checkpoint_files(tmp_path):
+    torch.save(torch.zeros(3), tmp_path / "bare.pt")
+    with pytest.raises(ValueError, match="holds a Tensor, not a state dict"):
+        sp.load_model("llamagen", str(tmp_path / "bare.pt"))
+    (tmp_path / "builtin.safetensors").write_bytes(b"\x00" * 10)
+    (tmp_path / "training.json").write_text("[]")
+    with pytest.raises(ValueError, match="not a training record"):
+        sp.load_model("builtin", str(tmp_path))

@@ -39,11 +39,18 @@ def load_prompts(source: str, limit: int | None = None, model_name: str = "built
                              f"{list(rows[0]) if rows else 'an empty file'}")
         prompts = [r[column].strip() for r in rows if r[column].strip()]
     elif suffix == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if "annotations" not in data:
-            raise ValueError(f"{path}: not an MS-COCO captions file (no 'annotations')")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path}: not valid JSON: {e}") from None
+        if not isinstance(data, dict) or not isinstance(data.get("annotations"), list):
+            raise ValueError(f"{path}: not an MS-COCO captions file (no 'annotations' list)")
         first: dict[int, tuple[int, str]] = {}
-        for a in data["annotations"]:
+        for n, a in enumerate(data["annotations"]):
+            if not (isinstance(a, dict) and isinstance(a.get("caption"), str)
+                    and "image_id" in a and "id" in a):
+                raise ValueError(f"{path}: annotation {n} lacks image_id, id or caption; "
+                                 "MS-COCO caption entries have all three")
             key = a["image_id"]
             if key not in first or a["id"] < first[key][0]:
                 first[key] = (a["id"], a["caption"].strip())

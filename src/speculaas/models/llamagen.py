@@ -249,6 +249,9 @@ def _state_dict(path: Path) -> dict:
         if isinstance(sd, dict) and key in sd and isinstance(sd[key], dict):
             sd = sd[key]
             break
+    if not isinstance(sd, dict):
+        raise ValueError(f"{path} holds a {type(sd).__name__}, not a state dict of named "
+                         "tensors (expected a LlamaGen checkpoint)")
     return sd
 
 
