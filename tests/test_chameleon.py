@@ -100,3 +100,38 @@ def test_missing_vqgan_and_bad_prompts(lumina_dir, tmp_path):
         sp.generate(model, [[0, 5, 6]], method="csd")
     with pytest.raises(ValueError, match="token ids"):
         sp.generate(model, ["a cat"], method="csd")
+
+
+def test_text_prompt_follows_lumina_generation_format(lumina_dir):
+    """A caption becomes <bos> template <end-of-turn> <image-start> <H> <W> (the size tokens
+    named <reserved0{8800 + pixels/32}>), through a tokenizer given in memory."""
+    import json
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import ChameleonForConditionalGeneration, PreTrainedTokenizerFast
+
+    words = {w: i for i, w in enumerate(["t0", "Generate", "an", "image", "of", "64x48",
+                                          "according", "to", "the", "following", "prompt:",
+                                          "a", "red", "fox"])}
+    tok = Tokenizer(models.WordLevel(words, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0")
+    hf = ChameleonForConditionalGeneration.from_pretrained(lumina_dir)
+    vocab = dict(hf.config.vocabulary_map)
+    size_h, size_w = f"<reserved{8800 + H // 2:05d}>", f"<reserved{8800 + W // 2:05d}>"
+    with pytest.raises(ValueError, match="no tokenizer"):
+        sp.load_model("lumina-mgpt", model=hf, grid=(H, W)).check_prompts(["a red fox"])
+    with pytest.raises(ValueError, match="has no"):
+        sp.load_model("lumina-mgpt", model=hf, grid=(H, W), processor=tokenizer) \
+            .check_prompts(["a red fox"])
+    vocab |= {size_h: 60, size_w: 61}
+    hf.config.vocabulary_map = vocab
+    hf.model.vocabulary_mapping.vocab_map.update({size_h: 60, size_w: 61})
+    model = sp.load_model("lumina-mgpt", model=hf, grid=(H, W), processor=tokenizer)
+    ids = model.text_prompt("a red fox")
+    body = [words[w] for w in "Generate an image of 64x48 according to the following prompt: "
+            "a red fox".split()]
+    assert ids == [hf.config.bos_token_id] + body + [IDS["<reserved08706>"], BOI, 60, 61]
+    out = sp.generate(model, ["a red fox"], method="csd", top_k=1, decode_images=False)
+    ar = sp.generate(model, ["a red fox"], method="ar", top_k=1, decode_images=False)
+    assert torch.equal(out.tokens, ar.tokens) and json.dumps(ids)

@@ -130,3 +130,36 @@ def test_bad_checkpoints(tmp_path, files):
         sp.load_model("llamagen", str(out / "c2i_tiny_64.pt"), vq=str(out / "vq_tiny.pt"),
                       image_size=GRID * 16, n_head=4,
                       vq_config={**VQ_CFG, "base_channels": 64})
+
+
+def test_t2i_encodes_text_with_a_local_t5(files, tmp_path):
+    """Captions go through a (tiny, random) T5 encoder and come out left-padded with their
+    mask, exactly as if the embeddings had been passed."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, T5Config, T5EncoderModel
+
+    out, _ = files
+    words = {w: i for i, w in enumerate(["<pad>", "<unk>", "</s>", "a", "red", "fox", "cat"])}
+    tok = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>",
+                                        pad_token="<pad>", eos_token="</s>")
+    torch.manual_seed(0)
+    t5 = T5EncoderModel(T5Config(vocab_size=len(words), d_model=24, d_kv=8, d_ff=32,
+                                 num_layers=1, num_heads=3)).eval()
+    t5.save_pretrained(tmp_path / "t5")
+    tokenizer.save_pretrained(tmp_path / "t5")
+    model = sp.load_model("llamagen", str(out / "t2i_tiny_64.pt"), image_size=GRID * 16,
+                          n_head=4, t5=str(tmp_path / "t5"))
+    enc = model.encode_captions(["a red fox"])[0]
+    assert enc["mask"].tolist() == [False, False, False, True, True, True]
+    hidden = t5(input_ids=torch.tensor([[3, 4, 5]])).last_hidden_state[0]
+    assert torch.allclose(enc["embedding"][3:], hidden, atol=1e-5)
+    assert (enc["embedding"][:3] == 0).all()
+    text = sp.generate(model, ["a red fox"], method="ar", top_k=1, decode_images=False)
+    emb = sp.generate(model, [enc], method="ar", top_k=1, decode_images=False)
+    assert torch.equal(text.tokens, emb.tokens)
+    plain = sp.load_model("llamagen", str(out / "t2i_tiny_64.pt"), image_size=GRID * 16,
+                          n_head=4)
+    with pytest.raises(ValueError, match="takes text only with a T5 encoder"):
+        sp.generate(plain, ["a red fox"], method="ar")

@@ -21,7 +21,7 @@ from PIL import Image
 
 from ..config import SamplingConfig
 from .base import ImageModel, Layout, Session, to_images
-from .hf import PerImageCacheSession, checkpoint_or_model
+from .hf import PerImageCacheSession, checkpoint_or_model, processor_for
 
 DEFAULTS = SamplingConfig(temperature=1.0, top_k=2000, top_p=None, cfg_scale=3.0)
 EOL_NAME, IMAGE_START_NAME = "<reserved08799>", "<racm3:break>"
@@ -33,7 +33,8 @@ class ChameleonModel(ImageModel):
     def __init__(self, path: str | None = None, device: str | torch.device = "cpu",
                  dtype: torch.dtype | str | None = None, grid: tuple[int, int] = (48, 48),
                  vqgan: str | Path | None = None, eol_token: str = EOL_NAME,
-                 image_start_token: str = IMAGE_START_NAME, model=None) -> None:  # noqa: ANN001
+                 image_start_token: str = IMAGE_START_NAME, model=None,  # noqa: ANN001
+                 processor=None) -> None:  # noqa: ANN001
         from transformers import ChameleonForConditionalGeneration
 
         self.hf = checkpoint_or_model(ChameleonForConditionalGeneration, path, model, "chameleon",
@@ -55,6 +56,8 @@ class ChameleonModel(ImageModel):
         self.boi_id = vocab[image_start_token]
         self.pad_id = self.hf.config.pad_token_id if self.hf.config.pad_token_id is not None else 1
         self.text_config = self.hf.config
+        given = processor_for(None if model is not None else path, processor)
+        self.tokenizer = getattr(given, "tokenizer", given)  # a processor or a tokenizer
         folder = Path(vqgan) if vqgan is not None else Path(path or ".") / "vqgan"
         self.vqgan = None
         if (folder / "vqgan.ckpt").exists() or vqgan is not None:
@@ -63,11 +66,32 @@ class ChameleonModel(ImageModel):
             self.vqgan = VQGANDecoder.from_files(folder / "vqgan.ckpt",
                                                  folder / "vqgan.yaml").to(self.device)
 
+    def text_prompt(self, caption: str) -> list[int]:
+        """Lumina-mGPT's generation prompt for a caption, as its own code builds it:
+        <bos> "Generate an image of {W}x{H} according to the following prompt:\n{caption}"
+        <reserved08706> (end of turn), then the image-start token and the height and width
+        tokens (<reserved0{8800 + n}> for n = pixels / 32), from which the image follows."""
+        if self.tokenizer is None:
+            raise ValueError("this checkpoint ships no tokenizer: pass processor= (or a "
+                             "tokenizer), or give prompts as token ids")
+        rows, cols = self.grid
+        vocab = self.hf.model.vocabulary_mapping.vocab_map
+        names = ["<reserved08706>", f"<reserved{8800 + rows // 2:05d}>",
+                 f"<reserved{8800 + cols // 2:05d}>"]
+        missing = [n for n in names if n not in vocab]
+        if missing:
+            raise ValueError(f"the vocabulary has no {missing} token(s) needed for a "
+                             f"{rows}x{cols} Lumina-mGPT prompt")
+        text = (f"Generate an image of {16 * cols}x{16 * rows} according to the following "
+                f"prompt:\n{caption}")
+        body = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        bos = self.hf.config.bos_token_id
+        return ([bos] if bos is not None else []) + list(body) + [
+            vocab[names[0]], self.boi_id, vocab[names[1]], vocab[names[2]]]
+
     def _ids(self, prompt) -> torch.Tensor:  # noqa: ANN001
         if isinstance(prompt, str):
-            raise ValueError("Chameleon-family prompts are token ids in the model's generation "
-                             "format (for Lumina-mGPT: its conversation template, then the "
-                             "image-start and two size tokens), not text")
+            prompt = self.text_prompt(prompt)
         if not (isinstance(prompt, (list, tuple)) and prompt
                 and all(isinstance(t, int) for t in prompt)):
             raise ValueError(f"Chameleon prompts are lists of token ids, got {prompt!r}")

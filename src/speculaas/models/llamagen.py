@@ -353,6 +353,27 @@ def vq16_from_checkpoint(path: Path, grid: int, **config):  # noqa: ANN003, ANN2
     return vq.eval()
 
 
+def _load_t5(t5, tokenizer, device):  # noqa: ANN001, ANN202
+    from transformers import AutoTokenizer, T5EncoderModel
+
+    if isinstance(t5, (str, Path)):
+        folder = Path(t5)
+        if not (folder / "config.json").is_file():
+            raise ValueError(f"{folder / 'config.json'} not found: t5= takes a local T5 encoder "
+                             "folder (such as flan-t5-xl)")
+        t5 = T5EncoderModel.from_pretrained(folder, trust_remote_code=False)
+        if tokenizer is None:
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+            except (OSError, ValueError) as e:
+                raise ValueError(f"no tokenizer in {folder}: pass t5_tokenizer= ({e})") from None
+    if not isinstance(t5, T5EncoderModel):
+        raise ValueError(f"t5= must be a folder or a T5EncoderModel, got {type(t5).__name__}")
+    if tokenizer is None:
+        raise ValueError("a T5EncoderModel given in memory needs its tokenizer: t5_tokenizer=")
+    return t5.to(device).eval(), tokenizer
+
+
 class LlamaGenModel(ImageModel):
     name = "llamagen"
 
@@ -365,7 +386,12 @@ class LlamaGenModel(ImageModel):
         device: str | torch.device = "cpu",
         dtype: torch.dtype | str | None = None,
         vq_config: dict | None = None,
+        t5=None,  # noqa: ANN001
+        t5_tokenizer=None,  # noqa: ANN001
     ) -> None:
+        """`t5`, `t5_tokenizer` (t2i only): a local T5 encoder folder (or a loaded transformers
+        `T5EncoderModel`) and its tokenizer (read from the folder when not given), so text
+        captions are encoded here as LlamaGen does; without them t2i prompts are embeddings."""
         path = Path(path)
         # LlamaGen's defaults: c2i at 256 px, t2i stage II at 512 px (16 px per token).
         size = image_size or (512 if "t2i" in path.name else 256)
@@ -384,12 +410,52 @@ class LlamaGenModel(ImageModel):
         self.vq = None
         if vq is not None:
             self.vq = vq16_from_checkpoint(Path(vq), grid, **(vq_config or {})).to(self.device)
+        self.t5, self.t5_tokenizer = None, None
+        if t5 is not None:
+            if c2i:
+                raise ValueError("t5= is for LlamaGen t2i checkpoints; this one is c2i")
+            self.t5, self.t5_tokenizer = _load_t5(t5, t5_tokenizer, self.device)
+
+    @torch.inference_mode()
+    def encode_captions(self, captions: list[str]) -> list[dict]:
+        """Text -> LlamaGen t2i conditions: T5 last hidden states of the caption padded to the
+        model's caption length, then the valid tokens moved to the end (left padding) with the
+        matching mask, as LlamaGen's sampling script arranges them."""
+        if self.t5 is None:
+            raise ValueError("LlamaGen t2i takes text only with a T5 encoder: load_model(..., "
+                             "t5='path/to/flan-t5-xl'); otherwise pass caption embeddings")
+        length = self.gpt.cls_embedding.uncond_embedding.shape[0]
+        batch = self.t5_tokenizer(captions, max_length=length, padding="max_length",
+                                  truncation=True, return_tensors="pt").to(self.device)
+        hidden = self.t5(input_ids=batch.input_ids,
+                         attention_mask=batch.attention_mask).last_hidden_state
+        out = []
+        for emb, mask in zip(hidden, batch.attention_mask.bool(), strict=True):
+            n = int(mask.sum())
+            left = torch.zeros_like(emb)
+            left[length - n:] = emb[:n]
+            valid = torch.zeros(length, dtype=torch.bool, device=emb.device)
+            valid[length - n:] = True
+            out.append({"embedding": left, "mask": valid})
+        return out
+
+    def _conditions(self, prompts: list) -> list:
+        texts = [i for i, p in enumerate(prompts) if isinstance(p, str)]
+        if not texts:
+            return prompts
+        encoded = self.encode_captions([prompts[i] for i in texts])
+        prompts = list(prompts)
+        for i, e in zip(texts, encoded, strict=True):
+            prompts[i] = e
+        return prompts
 
     def check_prompts(self, prompts: list) -> None:
-        self.gpt.condition(prompts, null=False)
+        if any(isinstance(p, str) for p in prompts) and self.t5 is None:
+            self.encode_captions([])  # raises the message saying how to pass text
+        self.gpt.condition(self._conditions(prompts), null=False)
 
     def start(self, prompts: list, *, cfg: bool) -> Session:
-        return _LlamaGenSession(self, prompts, cfg)
+        return _LlamaGenSession(self, self._conditions(prompts), cfg)
 
     def decode(self, tokens: torch.Tensor) -> list[Image.Image]:
         if self.vq is None:
