@@ -91,9 +91,12 @@ class WindowPolicy:
 class AutoWindow(WindowPolicy):
     """Compute-aware window: argmax over W of E_i(W) / t(W) per image and iteration.
 
-    E_i(W) = sum_{k<W} prod_{m<k} alpha_i[m], with alpha_i[m] the image's acceptance rate of
-    slot m given slots before it were accepted: counts decayed by `decay` per iteration (the
-    content changes along the image), under a Beta prior of mean `prior` and weight 2.
+    E_i(W) = (1 - a_i^W) / (1 - a_i), the expected tokens committed by a window of W when each
+    draft is accepted with probability a_i given the ones before it were (the standard
+    speculative-decoding model). a_i is the image's own acceptance rate over every slot it
+    verified, counts decayed by `decay` per iteration (the content changes along the image),
+    under a Beta prior of mean `prior` and weight 2. Pooling over slots lets what short windows
+    observe inform the value of long ones.
     t(W) = the measured forward cost plus the loop's own per-iteration overhead, learnt online
     from the wall time between iterations (the loop already reads the host once per iteration,
     so this costs no extra synchronisation).
@@ -102,7 +105,7 @@ class AutoWindow(WindowPolicy):
 
     def __init__(self, max_window: int = 64, candidates: tuple[int, ...] = CANDIDATES,
                  cost: dict[int, float] | None = None, decay: float = 0.9,
-                 prior: float = 0.3) -> None:
+                 prior: float = 0.5) -> None:
         super().__init__(max_window)
         self.candidates = tuple(w for w in candidates if w <= max_window) or (max_window,)
         self.cost, self.decay, self.prior = cost, decay, prior
@@ -116,9 +119,8 @@ class AutoWindow(WindowPolicy):
         self.cand = torch.tensor(self.candidates, device=device)
         self.t = torch.tensor([curve[w] for w in self.candidates], device=device,
                               dtype=torch.float32)
-        w = self.max_window
-        self.reached = torch.zeros(batch, w, device=device)
-        self.accepted = torch.zeros(batch, w, device=device)
+        self.reached = torch.zeros(batch, device=device)
+        self.accepted = torch.zeros(batch, device=device)
         self.overhead = 0.0 if self.cost is not None else None  # a given curve is taken as is
         self._last = None  # (time, window) of the previous choice
 
@@ -128,9 +130,8 @@ class AutoWindow(WindowPolicy):
             spent = now - self._last[0] - self.curve[self._last[1]]
             self.overhead = max(0.0, spent if self.overhead == 0.0
                                 else 0.8 * self.overhead + 0.2 * spent)
-        alpha = (self.accepted[act] + 2 * self.prior) / (self.reached[act] + 2)  # [b, Wmax]
-        survive = torch.cumprod(torch.cat([torch.ones_like(alpha[:, :1]), alpha[:, :-1]], 1), 1)
-        expected = survive.cumsum(1)[:, self.cand - 1]  # [b, candidates]: E(W)
+        alpha = ((self.accepted[act] + 2 * self.prior) / (self.reached[act] + 2)).clamp(max=0.999)
+        expected = (1 - alpha[:, None] ** self.cand) / (1 - alpha[:, None])  # [b, candidates]
         window = self.cand[(expected / (self.t + (self.overhead or 0.0))).argmax(1)]
         self._last = (now, self.candidates[int(torch.searchsorted(self.cand, window.max()))])
         return window
@@ -138,10 +139,10 @@ class AutoWindow(WindowPolicy):
     def observe(self, act: torch.Tensor, window: torch.Tensor, outputs: torch.Tensor,
                 accepted: torch.Tensor) -> None:
         super().observe(act, window, outputs, accepted)
-        k = torch.arange(self.max_window, device=act.device)
-        reached = (k <= accepted[:, None]) & (k < (outputs - 1)[:, None])
-        self.reached[act] = self.reached[act] * self.decay + reached.float()
-        self.accepted[act] = self.accepted[act] * self.decay + (k < accepted[:, None]).float()
+        # Slots verified this iteration: the accepted ones plus the first rejection, if any.
+        verified = torch.minimum(accepted + 1, outputs - 1).clamp(min=0).float()
+        self.reached[act] = self.reached[act] * self.decay + verified
+        self.accepted[act] = self.accepted[act] * self.decay + accepted.float()
 
 
 def make_policy(window) -> WindowPolicy:  # noqa: ANN001
