@@ -40,6 +40,20 @@ def quintile_edges(details: list[np.ndarray]) -> np.ndarray:
     return np.quantile(d, [0.2, 0.4, 0.6, 0.8])
 
 
+def fidelity_by_attribute(judge, images: list, captions: list[str]) -> dict[str, float]:  # noqa: ANN001
+    """Share of images whose main shape / colour / position / background the judge reads as the
+    caption asks, per attribute."""
+    from ..models.builtin.judge import caption_labels, predict
+
+    pred = predict(judge, images)
+    hits: dict[str, list[bool]] = {}
+    for i, cap in enumerate(captions):
+        for k, v in caption_labels(cap).items():
+            if k in pred:
+                hits.setdefault(k, []).append(int(pred[k][i]) == v)
+    return {k: float(np.mean(v)) for k, v in hits.items()}
+
+
 def prompt_fidelity(judge, images: list, captions: list[str]) -> float:  # noqa: ANN001
     """Share of requested attributes (main shape, colour and position, background) the judge
     sees; attributes the judge has no head for are not counted."""
