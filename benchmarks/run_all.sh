@@ -14,3 +14,4 @@ python benchmarks/drafting.py --prompts 8 --seeds 2 \
     --inits vertical --windows 32,64 --out docs/drafting-long | tee docs/drafting-long/drafting.log
 python benchmarks/gpu_latency.py --device cpu --batches 1,8 --windows 8,16,auto --repeats 2 \
     | tee docs/latency_cpu.log
+python benchmarks/batch_scaling.py --images 16 | tee docs/batch_scaling.log

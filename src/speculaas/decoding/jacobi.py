@@ -65,6 +65,7 @@ def jacobi_decode(
     hist = torch.zeros(batch, window, dtype=torch.long, device=dev)
     rule_seconds, it = 0.0, 0
     init = FRESH_INITS[jacobi.draft_init](vocab, length // model.layout.grid[0], batch, dev)
+    has_forced = bool((model.layout.forced >= 0).any())  # raster layouts skip that work
     coupling = COUPLINGS[jacobi.coupling](vocab, generators, dev)
 
     while True:
@@ -91,13 +92,15 @@ def jacobi_decode(
         d = torch.where(fresh, fd, d)
         dp = torch.where(fresh[..., None], fdp, dp)
         fk = f[:, :K]
-        d = torch.where(fk >= 0, fk, d)
-        dp = torch.where((fk >= 0)[..., None], _onehot(fk.clamp(min=0), vocab, dp.dtype), dp)
+        if has_forced:
+            d = torch.where(fk >= 0, fk, d)
+            dp = torch.where((fk >= 0)[..., None], _onehot(fk.clamp(min=0), vocab, dp.dtype), dp)
 
         anchor = seq[act, (na - 1).clamp(min=0)]
         cond, uncond = session.forward(torch.cat([anchor[:, None], d], 1), na, act)
         q = target_probs(cond, uncond, sampling, model.layout.structural)  # [b, L, V]
-        q = torch.where((f >= 0)[..., None], _onehot(f.clamp(min=0), vocab, q.dtype), q)
+        if has_forced:
+            q = torch.where((f >= 0)[..., None], _onehot(f.clamp(min=0), vocab, q.dtype), q)
 
         # Verify every draft at once; a = first rejection, capped at the last real draft.
         if profile:
@@ -105,7 +108,9 @@ def jacobi_decode(
         t0 = time.perf_counter()
         if K > 0:
             a_prob = rule.compute_acceptance(d, dp, q[:, :K])
-            ok = (u_accept[:, :K] < a_prob) | (fk >= 0)
+            ok = u_accept[:, :K] < a_prob
+            if has_forced:
+                ok |= fk >= 0
             ok &= slots[:K] < (outputs - 1)[:, None]
             acc = first_rejection(ok)
             at = acc.clamp(max=K - 1)
