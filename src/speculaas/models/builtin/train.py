@@ -119,10 +119,19 @@ class _Stage:
         return tqdm(range(self.step, self.total), desc=self.name, initial=self.step,
                     total=self.total, dynamic_ncols=True)
 
-    def save(self, step: int, done: bool = False, **parts) -> None:  # noqa: ANN003
-        self.state = {**self.state, **parts, "step": step, "done": done,
-                      "seconds": round(time.time() - self.t0, 1)}
-        _save_state(self.path, self.state)
+    def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Load the last checkpoint's weights and optimiser state, if there is one."""
+        if self.step:
+            model.load_state_dict(self.state["model"])
+            optimizer.load_state_dict(self.state["optimizer"])
+
+    def checkpoint(self, step: int, every: int, **parts) -> None:  # noqa: ANN003
+        """After `step` (0-based): save every `every` steps and at the end."""
+        done = step + 1 == self.total
+        if done or (step + 1) % every == 0:
+            self.state = {**self.state, **parts, "step": step + 1, "done": done,
+                          "seconds": round(time.time() - self.t0, 1)}
+            _save_state(self.path, self.state)
 
 
 def _vq_restart_dead(vq, x: torch.Tensor, dead: torch.Tensor) -> None:  # noqa: ANN001
@@ -142,9 +151,8 @@ def train_vq(cfg: TrainConfig, out: Path, log: dict) -> torch.nn.Module:
     n_codes = vq.quantize.num_embeddings
     usage = torch.zeros(n_codes, device=dev)
     stage = _Stage(out, "tokenizer", cfg.vq_steps)
+    stage.restore(vq, opt)
     if stage.step:
-        vq.load_state_dict(stage.state["model"])
-        opt.load_state_dict(stage.state["optimizer"])
         usage = stage.state["usage"].to(dev)
         torch.set_rng_state(stage.state["rng"])
     if not stage.state["done"]:
@@ -166,11 +174,9 @@ def train_vq(cfg: TrainConfig, out: Path, log: dict) -> torch.nn.Module:
                     _vq_restart_dead(vq, x, dead)
                 usage.zero_()
             bar.set_postfix(rec=f"{rec.item():.4f}", vq=f"{vql.item():.4f}")
-            done = step + 1 == cfg.vq_steps
-            if done or (step + 1) % cfg.checkpoint_every == 0:
-                stage.save(step + 1, done=done, model=_cpu(vq), optimizer=opt.state_dict(),
-                           usage=usage.cpu(), rng=torch.get_rng_state(),
-                           recon_mse=rec.item())
+            stage.checkpoint(step, cfg.checkpoint_every, model=_cpu(vq),
+                             optimizer=opt.state_dict(), usage=usage.cpu(),
+                             rng=torch.get_rng_state(), recon_mse=rec.item())
     log["vq_final_recon_mse"] = stage.state["recon_mse"]
     log["vq_seconds"] = stage.state["seconds"]
     return vq.eval()
@@ -181,11 +187,8 @@ def train_judge(cfg: TrainConfig, out: Path, log: dict) -> Judge:
     dev = torch.device(cfg.device)
     judge = Judge().to(dev)
     stage = _Stage(out, "judge", cfg.judge_steps)
-    if stage.step:
-        judge.load_state_dict(stage.state["model"])
     opt = torch.optim.Adam(judge.parameters(), lr=2e-3)
-    if stage.step and not stage.state["done"]:
-        opt.load_state_dict(stage.state["optimizer"])
+    stage.restore(judge, opt)
     if not stage.state["done"]:
         judge.train()
         bar = stage.bar()
@@ -198,10 +201,8 @@ def train_judge(cfg: TrainConfig, out: Path, log: dict) -> Judge:
             opt.step()
             opt.zero_grad(set_to_none=True)
             bar.set_postfix(loss=f"{loss.item():.3f}")
-            done = step + 1 == cfg.judge_steps
-            if done or (step + 1) % cfg.checkpoint_every == 0:
-                stage.save(step + 1, done=done, model=_cpu(judge), optimizer=opt.state_dict(),
-                           loss=loss.item())
+            stage.checkpoint(step, cfg.checkpoint_every, model=_cpu(judge),
+                             optimizer=opt.state_dict(), loss=loss.item())
     log["judge_final_loss"] = stage.state["loss"]
     return judge.eval()
 
@@ -244,9 +245,8 @@ def train_ar(cfg: TrainConfig, data: torch.Tensor, out: Path, log: dict) -> Deco
         betas=(0.9, 0.95),
     )
     stage = _Stage(out, "transformer", cfg.ar_steps)
+    stage.restore(model, opt)
     if stage.step:
-        model.load_state_dict(stage.state["model"])
-        opt.load_state_dict(stage.state["optimizer"])
         gen.set_state(stage.state["generator"])
     null = torch.tensor(tokenize_caption(None))
     n_text = len(WORDS)
@@ -272,10 +272,9 @@ def train_ar(cfg: TrainConfig, data: torch.Tensor, out: Path, log: dict) -> Deco
             opt.step()
             opt.zero_grad(set_to_none=True)
             bar.set_postfix(loss=f"{loss.item():.3f}")
-            done = step + 1 == cfg.ar_steps
-            if done or (step + 1) % cfg.checkpoint_every == 0:
-                stage.save(step + 1, done=done, model=_cpu(model), optimizer=opt.state_dict(),
-                           generator=gen.get_state(), loss=loss.item())
+            stage.checkpoint(step, cfg.checkpoint_every, model=_cpu(model),
+                             optimizer=opt.state_dict(), generator=gen.get_state(),
+                             loss=loss.item())
     log["ar_final_loss"] = stage.state["loss"]
     log["ar_seconds"] = stage.state["seconds"]
     return model.eval()
