@@ -29,3 +29,36 @@ def check_rollback(model, prompt, sequence, vocab, cfg=True, split=5, atol=1e-4)
     assert torch.allclose(torch.cat([c1[:, :split], c2], 1), c, atol=atol)
     if cfg:
         assert torch.allclose(torch.cat([u1[:, :split], u2], 1), u, atol=atol)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def demo_url():
+    """The demo app on the built-in model, served by uvicorn on a free loopback port."""
+    import threading
+    import time
+
+    import uvicorn
+
+    import speculaas as sp
+    from speculaas.demo.app import create_app
+
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(create_app(sp.load_model("builtin")), host="127.0.0.1",
+                                        port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not srv.started and time.time() < deadline:
+        time.sleep(0.05)
+    assert srv.started
+    yield f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    thread.join(timeout=10)

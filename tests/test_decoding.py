@@ -3,9 +3,9 @@ cache rollback, reproducibility."""
 
 import pytest
 import torch
+from conftest import ZERO_RELAXATION
 
 import speculaas as sp
-from conftest import ZERO_RELAXATION
 from speculaas.models.transformer import Decoder, DecoderConfig
 
 

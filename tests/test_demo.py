@@ -2,9 +2,6 @@
 
 import os
 import shutil
-import socket
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -16,35 +13,8 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                 reason="Debian's chromium is not installed (.ci/run installs it)")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def server():
-    import uvicorn
-
-    import speculaas as sp
-    from speculaas.demo.app import create_app
-
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(sp.load_model("builtin")), host="127.0.0.1",
-                                        port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not srv.started and time.time() < deadline:
-        time.sleep(0.05)
-    assert srv.started
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(timeout=10)
-
-
-@pytest.fixture(scope="module")
-def page(server):
+def page(demo_url):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
@@ -54,7 +24,7 @@ def page(server):
                   "--disable-background-networking", "--disable-component-update",
                   "--disable-sync"])
         pg = browser.new_page(viewport={"width": 1150, "height": 1200})
-        pg.goto(server)
+        pg.goto(demo_url)
         pg.wait_for_selector("#method option[value=csd]", state="attached")
         yield pg
         browser.close()

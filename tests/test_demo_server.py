@@ -2,8 +2,6 @@
 bad ones at once, and the page stays reachable while generations run."""
 
 import json
-import socket
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -16,33 +14,6 @@ pytest.importorskip("uvicorn")
 
 GOOD = {"caption": "a small blue square on the right at sunset", "method": "csd", "window": 8,
         "compare": False}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def url():
-    import uvicorn
-
-    import speculaas as sp
-    from speculaas.demo.app import create_app
-
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(sp.load_model("builtin")), host="127.0.0.1",
-                                        port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not srv.started and time.time() < deadline:
-        time.sleep(0.05)
-    assert srv.started
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(timeout=10)
 
 
 def _post(url: str, body, timeout: float = 120.0) -> tuple[int, dict, float]:
@@ -68,19 +39,19 @@ def _post(url: str, body, timeout: float = 120.0) -> tuple[int, dict, float]:
     (b"{not json", "could not read the request"),
     ([1, 2], "must be a JSON object"),
 ])
-def test_bad_requests_are_answered_400_at_once(url, body, message):
-    status, data, seconds = _post(url, body)
+def test_bad_requests_are_answered_400_at_once(demo_url, body, message):
+    status, data, seconds = _post(demo_url, body)
     assert status == 400 and message in data["error"]
     assert seconds < 5
 
 
-def test_twenty_concurrent_requests_all_answered_and_the_page_stays_up(url):
+def test_twenty_concurrent_requests_all_answered_and_the_page_stays_up(demo_url):
     bodies = [({**GOOD, "seed": i} if i % 4 else {**GOOD, "delta": 7}) for i in range(20)]
     with ThreadPoolExecutor(max_workers=20) as pool:
-        futures = [pool.submit(_post, url, b) for b in bodies]
+        futures = [pool.submit(_post, demo_url, b) for b in bodies]
         time.sleep(0.5)  # generations are running now
         t0 = time.monotonic()
-        with urllib.request.urlopen(url + "/", timeout=10) as resp:
+        with urllib.request.urlopen(demo_url + "/", timeout=10) as resp:
             assert resp.status == 200 and b"speculaas" in resp.read()
         page_seconds = time.monotonic() - t0
         answers = [f.result(timeout=180) for f in futures]

@@ -7,13 +7,13 @@ from collections import Counter
 import pytest
 import torch
 from scipy import stats
+from test_statistical import ALPHA, N_SAMPLES, chi_square_p, sample_sequences
 
 import speculaas as sp
 from speculaas.acceptance.functional import acceptance_ratio, entropy
 from speculaas.api import generators_for
 from speculaas.config import COUPLINGS, DRAFT_INITS, JacobiConfig, SamplingConfig
 from speculaas.decoding import drafting, jacobi_decode
-from test_statistical import ALPHA, N_SAMPLES, chi_square_p, sample_sequences
 
 
 class StaleDeclaration(drafting.Maximal):

@@ -4,9 +4,9 @@ import math
 
 import pytest
 import torch
+from conftest import ZERO_RELAXATION
 
 import speculaas as sp
-from conftest import ZERO_RELAXATION
 from speculaas.acceptance import functional as Fn
 
 DRAFT = torch.tensor([[[0.5, 0.25, 0.25], [1 / 3, 1 / 3, 1 / 3]]])  # [1, 2, 3]

@@ -5,13 +5,13 @@ from collections import Counter
 
 import pytest
 import torch
+from test_statistical import ALPHA, N_SAMPLES, chi_square_p
 
 import speculaas as sp
 from speculaas.api import generators_for
 from speculaas.config import JacobiConfig, SamplingConfig
 from speculaas.decoding import jacobi_decode
 from speculaas.decoding.window import AutoWindow, measure_cost_curve
-from test_statistical import ALPHA, N_SAMPLES, chi_square_p
 
 # A cost curve under which the best window depends on the acceptance seen so far.
 CURVE = {1: 1.0, 2: 1.25, 3: 1.6, 4: 2.2}

@@ -10,12 +10,10 @@ from PIL import Image
 
 from . import acceptance
 from .checks import is_integer
-from .config import (DEFAULT_COUPLING, DEFAULT_DRAFT_INIT, METHODS, JacobiConfig,
-                     SamplingConfig)
+from .config import DEFAULT_COUPLING, DEFAULT_DRAFT_INIT, METHODS, JacobiConfig, SamplingConfig
 from .decoding import DecodeResult, autoregressive_decode, jacobi_decode
 from .decoding.window import WindowPolicy
 from .models.base import ImageModel
-
 
 
 @dataclass
@@ -94,8 +92,9 @@ def generators_for(model: ImageModel, seed: int | list[int], batch: int) -> list
 
 
 def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[int] = 0,
-             window: int | str | WindowPolicy = 16, temperature: float | None = None, top_k: int | None = None,
-             top_p: float | None = None, cfg_scale: float | None = None,
+             window: int | str | WindowPolicy = 16, temperature: float | None = None,
+             top_k: int | None = None, top_p: float | None = None,
+             cfg_scale: float | None = None,
              draft_init: str = DEFAULT_DRAFT_INIT, coupling: str = DEFAULT_COUPLING,
              advance: str = "per_image",
              progress=False, max_batch: int = 32,

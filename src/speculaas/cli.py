@@ -5,8 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .config import (COUPLINGS, DEFAULT_COUPLING, DEFAULT_DRAFT_INIT, DRAFT_INITS, METHODS,
-                     MODEL_NAMES)
+from .config import (
+    COUPLINGS,
+    DEFAULT_COUPLING,
+    DEFAULT_DRAFT_INIT,
+    DRAFT_INITS,
+    METHODS,
+    MODEL_NAMES,
+)
 
 MAX_IMAGES = 10_000  # per CLI call; larger jobs belong in `speculaas bench` or a script
 HELP = argparse.ArgumentDefaultsHelpFormatter

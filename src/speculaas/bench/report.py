@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import metrics
 from ..io import atomic_path, save_image, write_text
+from . import metrics
 from .maps import acceptance_figure
 
 # FID/KID from fewer images than this are noise (KID can even come out hugely negative).

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from ..acceptance.functional import entropy
 from ..config import SamplingConfig
 from ..models.base import ImageModel, Session
 from ..sampling import sample_with_uniform, target_probs
-from ..acceptance.functional import entropy
 from .result import DecodeResult, draw
 
 

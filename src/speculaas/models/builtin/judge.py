@@ -1,8 +1,8 @@
 """The built-in model's quality yardsticks, offline.
 
 `Judge` is a small CNN trained on rendered scenes to read the main object's shape, colour and
-position and the background. Its accuracy on generated images against the caption's attributes is the
-"prompt fidelity" (our stand-in for CLIP score); its penultimate features feed torchmetrics'
+position and the background. Its accuracy on generated images against the caption's attributes
+is the "prompt fidelity" (our stand-in for CLIP score); its penultimate features feed torchmetrics'
 FID/KID in place of Inception.
 """
 
