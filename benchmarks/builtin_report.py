@@ -24,7 +24,7 @@ from PIL import Image, ImageDraw
 import speculaas as sp
 from speculaas.bench import metrics
 from speculaas.bench.prompts import builtin_set
-from speculaas.io import write_text
+from speculaas.io import save_image, write_text
 from speculaas.models.builtin import vq as vqlib
 from speculaas.models.builtin.scenes import sample_scenes
 
@@ -90,10 +90,10 @@ def grid_picture(model, captions: list[str], path: Path) -> dict:  # noqa: ANN00
         draw.text((4, top + r * 128 + 60), label, fill="black")
         for c, im in enumerate(ims):
             canvas.paste(im, (40 + c * 128, top + r * 128))
-    canvas.save(path)
-    (path.with_suffix(".txt")).write_text(
-        "\n".join(f"{i}: {c} | ar {fps['ar'][i]} fwd, csd {fps['csd'][i]} fwd"
-                  for i, c in enumerate(captions)) + "\n")
+    save_image(canvas, path)
+    write_text(path.with_suffix(".txt"),
+               "\n".join(f"{i}: {c} | ar {fps['ar'][i]} fwd, csd {fps['csd'][i]} fwd"
+                         for i, c in enumerate(captions)) + "\n")
     return fps
 
 

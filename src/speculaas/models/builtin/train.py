@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from ...io import atomic_path, write_text
 from ..transformer import Decoder, DecoderConfig
 from . import vq as vqlib
 from .judge import Judge, images_to_tensor, scene_labels
@@ -301,7 +302,8 @@ def train(cfg: TrainConfig, out: Path) -> Path:
     tensors = {f"vq.{k}": v for k, v in _cpu(vq).items()}
     tensors |= {f"ar.{k}": v for k, v in _cpu(model).items()}
     tensors |= {f"judge.{k}": v for k, v in _cpu(judge).items()}
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "builtin.safetensors"))
+    with atomic_path(out / "builtin.safetensors") as tmp:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
     record = {
         "train_config": asdict(cfg),
         "decoder_config": decoder_config(cfg, vqlib.VQ_KWARGS["num_embeddings"]).to_dict(),
@@ -312,7 +314,7 @@ def train(cfg: TrainConfig, out: Path) -> Path:
         "torch": torch.__version__,
         "device": cfg.device,
     }
-    (out / "training.json").write_text(json.dumps(record, indent=2))
+    write_text(out / "training.json", json.dumps(record, indent=2))
     return out / "builtin.safetensors"
 
 
