@@ -191,3 +191,39 @@ def test_bad_checkpoint_files(tmp_path):
     (tmp_path / "training.json").write_text("[]")
     with pytest.raises(ValueError, match="not a training record"):
         sp.load_model("builtin", str(tmp_path))
+
+
+def test_interrupted_image_write_leaves_the_old_file_whole(tmp_path, monkeypatch):
+    from PIL import Image
+
+    from speculaas.io import save_image
+
+    path = tmp_path / "out.png"
+    save_image(Image.new("RGB", (8, 8), "red"), path)
+    before = path.read_bytes()
+    real_save = Image.Image.save
+
+    def save_half_then_interrupt(self, fp, *args, **kwargs):
+        real_save(self, fp, *args, **kwargs)
+        with open(fp, "r+b") as f:  # the write was cut short...
+            f.truncate(10)
+        raise KeyboardInterrupt  # ...by Ctrl-C
+
+    monkeypatch.setattr(Image.Image, "save", save_half_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        save_image(Image.new("RGB", (8, 8), "blue"), path)
+    assert path.read_bytes() == before  # the previous image, whole
+    assert [p.name for p in tmp_path.iterdir()] == ["out.png"]  # no temporary file left
+
+
+def test_cli_refuses_unwritable_output_before_loading_anything(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "a-file").write_text("")  # a file where the output folder should be
+    res2 = subprocess.run([sys.executable, "-m", "speculaas.cli", "generate", "--prompt",
+                           "a big red circle on the left over grass", "--out",
+                           str(tmp_path / "a-file" / "x.png")],
+                          capture_output=True, text=True, timeout=60)
+    assert res2.returncode == 2 and "cannot write" in res2.stderr
+    assert "Traceback" not in res2.stderr
