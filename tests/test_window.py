@@ -65,3 +65,9 @@ def test_cost_curve_is_measured_once_and_positive(tiny):
 def test_bad_windows_are_refused(tiny, bad):
     with pytest.raises(ValueError, match="window"):
         sp.generate(tiny, [1], method="sjd", window=bad)
+
+
+def test_auto_window_is_reproducible_within_a_process(tiny):
+    a = sp.generate(tiny, [1, 2], method="csd", window="auto", seed=4, decode_images=False)
+    b = sp.generate(tiny, [1, 2], method="csd", window="auto", seed=4, decode_images=False)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.mean_window, b.mean_window)

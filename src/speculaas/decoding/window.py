@@ -97,9 +97,10 @@ class AutoWindow(WindowPolicy):
     verified, counts decayed by `decay` per iteration (the content changes along the image),
     under a Beta prior of mean `prior` and weight 2. Pooling over slots lets what short windows
     observe inform the value of long ones.
-    t(W) = the measured forward cost plus the loop's own per-iteration overhead, learnt online
-    from the wall time between iterations (the loop already reads the host once per iteration,
-    so this costs no extra synchronisation).
+    t(W) is the measured cost of a window forward with its target-probability work. The choice
+    depends only on that curve and on the image's own history, so with the curve fixed (cached
+    for the process, or given as `cost`) the same seed gives the same image; across machines
+    the measured curve, and so the windows, may differ (lossless rules stay exact either way).
     `cost`: a measured or given curve {window: seconds}; None measures it on first use.
     """
 
@@ -121,20 +122,11 @@ class AutoWindow(WindowPolicy):
                               dtype=torch.float32)
         self.reached = torch.zeros(batch, device=device)
         self.accepted = torch.zeros(batch, device=device)
-        self.overhead = 0.0 if self.cost is not None else None  # a given curve is taken as is
-        self._last = None  # (time, window) of the previous choice
 
     def choose(self, act: torch.Tensor) -> torch.Tensor:
-        now = time.perf_counter()
-        if self._last is not None and self.overhead is not None:
-            spent = now - self._last[0] - self.curve[self._last[1]]
-            self.overhead = max(0.0, spent if self.overhead == 0.0
-                                else 0.8 * self.overhead + 0.2 * spent)
         alpha = ((self.accepted[act] + 2 * self.prior) / (self.reached[act] + 2)).clamp(max=0.999)
         expected = (1 - alpha[:, None] ** self.cand) / (1 - alpha[:, None])  # [b, candidates]
-        window = self.cand[(expected / (self.t + (self.overhead or 0.0))).argmax(1)]
-        self._last = (now, self.candidates[int(torch.searchsorted(self.cand, window.max()))])
-        return window
+        return self.cand[(expected / self.t).argmax(1)]
 
     def observe(self, act: torch.Tensor, window: torch.Tensor, outputs: torch.Tensor,
                 accepted: torch.Tensor) -> None:
