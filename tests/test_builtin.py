@@ -31,13 +31,13 @@ def test_caption_tokens():
 
 
 def test_weights_load_and_generate_shapes(builtin):
-    assert builtin.vocab_size == 512 and builtin.grid == (16, 16)
+    assert builtin.vocab_size == 4096 and builtin.grid == (16, 16)
     out = sp.generate(builtin, [CAPTION, None], method="csd", seed=0)
     assert out.tokens.shape == (2, 256) and out.commit_step.shape == (2, 16, 16)
     assert [im.size for im in out.images] == [(64, 64), (64, 64)]
     assert (out.forward_passes < 256).all()
-    assert builtin.codebook().shape == (512, 8)
-    assert builtin.token_embeddings().shape[0] == 512
+    assert builtin.codebook().shape == (4096, 8)
+    assert builtin.token_embeddings().shape[0] == 4096
 
 
 def test_greedy_sjd_and_csd_equal_greedy_ar(builtin):
@@ -53,10 +53,10 @@ def test_judge_reads_rendered_scenes_far_above_chance(builtin):
     scenes = sample_scenes(200, seed=77_000_000)
     pred = predict(builtin.judge, [s.image for s in scenes])
     labels = scene_labels(scenes)
-    chance = {"shape": 1 / 4, "colour": 1 / 6, "background": 1 / 6}
+    chance = {"shape": 1 / 4, "colour": 1 / 6, "background": 1 / 6, "position": 1 / 3}
     for k, c in chance.items():
         acc = (pred[k] == labels[k]).float().mean().item()
-        assert acc > max(0.8, 3 * c), (k, acc)
+        assert acc > max(0.8, 2.5 * c), (k, acc)
 
 
 def test_tokenizer_reconstructs_scenes(builtin):
@@ -67,3 +67,21 @@ def test_tokenizer_reconstructs_scenes(builtin):
     mse = ((recon.astype(np.float64) - images) ** 2).mean()
     psnr = 10 * np.log10(255**2 / mse)
     assert psnr > 20, psnr
+
+
+# Forward passes of fixed (caption, seed) decodes on the shipped weights, recorded when they
+# were shipped. A loop that drafts worse (say, recycles drafts one slot late) stays lossless and
+# passes every exactness test, but spends more forwards: only a count catches it. The margin
+# absorbs float differences between CPUs; the bug above costs about a third more.
+RECORDED = {("sjd", "none", "uniform"): 352, ("sjd", "maximal", "vertical"): 285,
+            ("csd", "none", "uniform"): 278, ("csd", "maximal", "vertical"): 236}
+REGRESSION_CAPTIONS = ["a big red circle on the left over grass",
+                       "a small blue square on the right at sunset",
+                       "a big white diamond on the center in front of a brick wall"]
+
+
+@pytest.mark.parametrize("method,coupling,draft_init", list(RECORDED))
+def test_forward_passes_stay_at_or_below_recorded(builtin, method, coupling, draft_init):
+    out = sp.generate(builtin, REGRESSION_CAPTIONS, method=method, coupling=coupling,
+                      draft_init=draft_init, window=16, seed=0, decode_images=False)
+    assert int(out.forward_passes.sum()) <= 1.03 * RECORDED[(method, coupling, draft_init)]

@@ -12,6 +12,9 @@ from pathlib import Path
 
 from PIL import Image
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
@@ -21,6 +24,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give what open() would
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
