@@ -138,6 +138,8 @@ def test_bad_dtype(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "janus"}')
     with pytest.raises(ValueError, match="unknown dtype 'float13'"):
         load_checkpoint(object, str(tmp_path), "janus", "float13")
+    with pytest.raises(ValueError, match="unknown dtype 'int8'"):
+        sp.load_model("builtin", dtype="int8")
 
 
 def test_large_batches_run_in_chunks_with_the_same_images(tiny):

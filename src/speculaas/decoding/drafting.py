@@ -66,16 +66,23 @@ class FreshInit(ABC):
                   target_probs: torch.Tensor) -> None:
         """Told the targets of the positions each image committed this iteration (keep [b, L])."""
 
-    def _uniform(self, s: FreshSlots) -> tuple[torch.Tensor, torch.Tensor]:
-        tokens = (s.uniforms * self.vocab).long().clamp_(max=self.vocab - 1)
-        return tokens, s.draft_probs.new_full((1, 1, self.vocab), 1.0 / self.vocab)
+    def _uniform_tokens(self, s: FreshSlots) -> torch.Tensor:
+        return (s.uniforms * self.vocab).long().clamp_(max=self.vocab - 1)
 
-    def _above(self, s: FreshSlots) -> tuple[torch.Tensor, torch.Tensor]:
-        """Nearest position straight above each slot that is not itself fresh: [b, K]; and
-        whether it exists (False in the first row)."""
+    def _uniform_probs(self, s: FreshSlots) -> torch.Tensor:
+        return s.draft_probs.new_full((1, 1, self.vocab), 1.0 / self.vocab)  # broadcasts
+
+    def _above(self, s: FreshSlots) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Nearest position straight above each slot that is not itself fresh: [b, K]; whether
+        it exists (False in the first row); and whether it is committed (else it is the recycled
+        draft at slot src - committed_len)."""
         k = torch.div(s.pos - s.first_fresh[:, None], self.row_stride, rounding_mode="floor") + 1
         src = s.pos - self.row_stride * k
-        return src, src >= 0
+        return src, src >= 0, src < s.committed_len[:, None]
+
+    def _draft_slot(self, s: FreshSlots, src: torch.Tensor) -> torch.Tensor:
+        """Window slot of a recycled draft at position src (clamped where src is committed)."""
+        return (src - s.committed_len[:, None]).clamp(min=0, max=s.drafts.shape[1] - 1)
 
 
 def _onehot(tokens: torch.Tensor, vocab: int, dtype: torch.dtype) -> torch.Tensor:
@@ -88,8 +95,7 @@ class UniformInit(FreshInit):
     name = "uniform"
 
     def fill(self, s: FreshSlots) -> tuple[torch.Tensor, torch.Tensor]:
-        tokens, uniform = self._uniform(s)
-        return tokens, uniform.expand_as(s.draft_probs)
+        return self._uniform_tokens(s), self._uniform_probs(s).expand_as(s.draft_probs)
 
 
 class OneHotInit(FreshInit):
@@ -98,7 +104,7 @@ class OneHotInit(FreshInit):
     name = "onehot"
 
     def fill(self, s: FreshSlots) -> tuple[torch.Tensor, torch.Tensor]:
-        tokens, _ = self._uniform(s)
+        tokens = self._uniform_tokens(s)
         return tokens, _onehot(tokens, self.vocab, s.draft_probs.dtype)
 
 
@@ -110,15 +116,12 @@ class VerticalInit(FreshInit):
     name = "vertical"
 
     def fill(self, s: FreshSlots) -> tuple[torch.Tensor, torch.Tensor]:
-        src, has = self._above(s)
-        n = s.committed_len
-        rel = (src - n[:, None]).clamp(min=0, max=s.drafts.shape[1] - 1)
-        above = torch.where(src < n[:, None], s.committed[s.act[:, None], src.clamp(min=0)],
-                            s.drafts.gather(1, rel))
-        rand, uniform = self._uniform(s)
-        tokens = torch.where(has, above, rand)
+        src, has, committed = self._above(s)
+        above = torch.where(committed, s.committed[s.act[:, None], src.clamp(min=0)],
+                            s.drafts.gather(1, self._draft_slot(s, src)))
+        tokens = torch.where(has, above, self._uniform_tokens(s))
         probs = torch.where(has[..., None], _onehot(tokens, self.vocab, s.draft_probs.dtype),
-                            uniform)
+                            self._uniform_probs(s))
         return tokens, probs
 
 
@@ -136,14 +139,11 @@ class VerticalSampleInit(FreshInit):
         self.ring = torch.full((batch, row_stride + 1, vocab), 1.0 / vocab, device=device)
 
     def fill(self, s: FreshSlots) -> tuple[torch.Tensor, torch.Tensor]:
-        src, has = self._above(s)
-        n = s.committed_len
-        rel = (src - n[:, None]).clamp(min=0, max=s.drafts.shape[1] - 1)
+        src, has, committed = self._above(s)
         ring_rows = self.ring[s.act[:, None], src.clamp(min=0) % self.row_stride]  # [b, K, V]
-        probs = torch.where((src < n[:, None])[..., None], ring_rows,
-                            s.draft_probs.gather(1, rel[..., None].expand_as(s.draft_probs)))
-        rand, uniform = self._uniform(s)
-        probs = torch.where(has[..., None], probs, uniform)
+        slot = self._draft_slot(s, src)[..., None].expand_as(s.draft_probs)
+        probs = torch.where(committed[..., None], ring_rows, s.draft_probs.gather(1, slot))
+        probs = torch.where(has[..., None], probs, self._uniform_probs(s))
         return sample_with_uniform(probs, s.uniforms), probs
 
     def committed(self, act: torch.Tensor, pos: torch.Tensor, keep: torch.Tensor,

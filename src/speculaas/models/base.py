@@ -62,6 +62,17 @@ class Layout:
         return seq
 
 
+def resolve_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    """"bfloat16" or torch.bfloat16 -> torch.bfloat16 (None stays None: the weights' own);
+    anything that is not a floating dtype -> ValueError."""
+    if dtype is None:
+        return None
+    value = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise ValueError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
+    return value
+
+
 def to_uint8(pixels: torch.Tensor) -> np.ndarray:
     """Decoder output [B, 3, H, W] in about [-1, 1] -> uint8 [B, H, W, 3]."""
     x = ((pixels.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from .base import Session
+from .base import Session, resolve_dtype
 
 
 def rollback(cache, length: int) -> None:  # noqa: ANN001
@@ -33,10 +33,7 @@ def load_checkpoint(cls, path: str, model_type: str, dtype):  # noqa: ANN001, AN
         raise ValueError(f"cannot load a {model_type} config from {path!r}: {e}") from None
     if found != model_type:
         raise ValueError(f"{path!r} holds a {found!r} model, expected {model_type!r}")
-    if isinstance(dtype, str):
-        if not isinstance(getattr(torch, dtype, None), torch.dtype):
-            raise ValueError(f"unknown dtype {dtype!r}; use e.g. bfloat16, float16, float32")
-        dtype = getattr(torch, dtype)
+    dtype = resolve_dtype(dtype)
     try:
         return cls.from_pretrained(path, dtype=dtype, trust_remote_code=False).eval()
     except (OSError, RuntimeError, ValueError) as e:

@@ -28,7 +28,7 @@ from PIL import Image
 from torch import nn
 
 from ..config import SamplingConfig
-from .base import ImageModel, Layout, Session, to_images
+from .base import ImageModel, Layout, Session, resolve_dtype, to_images
 
 # (dim, n_layer) -> n_head of LlamaGen's published GPT sizes.
 N_HEADS = {
@@ -397,9 +397,7 @@ class LlamaGenModel(ImageModel):
         size = image_size or (512 if "t2i" in path.name else 256)
         self.gpt = gpt_from_checkpoint(path, size, n_head)
         self.device = torch.device(device)
-        if isinstance(dtype, str):
-            dtype = getattr(torch, dtype)
-        self.gpt.to(self.device, dtype=dtype)
+        self.gpt.to(self.device, dtype=resolve_dtype(dtype))
         grid = self.gpt.grid
         self.layout = Layout.raster(grid, grid)
         self.vocab_size = self.gpt.output.out_features

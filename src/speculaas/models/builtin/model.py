@@ -11,7 +11,7 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from ...config import SamplingConfig
-from ..base import ImageModel, Layout, PrefixDecoderSession, Session
+from ..base import ImageModel, Layout, PrefixDecoderSession, Session, resolve_dtype
 from ..transformer import Decoder, DecoderConfig
 from . import vq as vqlib
 from .judge import Judge, heads_in
@@ -36,13 +36,6 @@ def _load_part(module: torch.nn.Module, tensors: dict, prefix: str, source: Path
             raise ValueError(f"{source}: {prefix}{k} has shape {tuple(v.shape)}, expected "
                              f"{tuple(expected[k].shape)}")
     module.load_state_dict(part, strict=False)
-
-
-def _dtype(dtype: torch.dtype | str) -> torch.dtype:
-    value = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
-    if not isinstance(value, torch.dtype) or not value.is_floating_point:
-        raise ValueError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
-    return value
 
 
 class BuiltinModel(ImageModel):
@@ -85,7 +78,7 @@ class BuiltinModel(ImageModel):
             _load_part(module, tensors, prefix, weights)
             module.to(self.device).eval()
         if dtype is not None:
-            self.decoder.to(_dtype(dtype))
+            self.decoder.to(resolve_dtype(dtype))
         self.vocab_size = self.decoder.cfg.vocab_out
         self.layout = Layout.raster(16, 16)
         self.defaults = DEFAULTS
