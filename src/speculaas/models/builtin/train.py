@@ -50,6 +50,8 @@ class TrainConfig:
     ar_batch: int = 32
     ar_lr: float = 1e-3
     ar_warmup: int = 100
+    ar_refine_steps: int = 1_500
+    ar_refine_lr: float = 3e-4
     caption_dropout: float = 0.1
     d_model: int = 256
     n_layers: int = 6
@@ -233,51 +235,72 @@ def codebook_stats(codes: torch.Tensor, n_codes: int) -> dict:
             "codebook_perplexity": round(float(torch.exp(-(p * p.log()).sum())), 1)}
 
 
-def train_ar(cfg: TrainConfig, data: torch.Tensor, out: Path, log: dict) -> Decoder:
-    torch.manual_seed(cfg.seed + 2)
-    dev = torch.device(cfg.device)
-    gen = torch.Generator().manual_seed(cfg.seed + 3)
-    model = Decoder(decoder_config(cfg, vqlib.VQ_KWARGS["num_embeddings"])).to(dev)
+def _fit_ar(model: Decoder, cfg: TrainConfig, data: torch.Tensor, stage: _Stage, *,
+            lr: float, warmup: int, seed: int) -> None:
+    """One cosine cycle of next-token training (with caption dropout), resumable."""
+    dev = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.ar_lr,
+        lr=lr,
         betas=(0.9, 0.95),
     )
-    stage = _Stage(out, "transformer", cfg.ar_steps)
     stage.restore(model, opt)
     if stage.step:
         gen.set_state(stage.state["generator"])
     null = torch.tensor(tokenize_caption(None))
     n_text = len(WORDS)
-    if not stage.state["done"]:
-        model.train()
-        bar = stage.bar()
-        for step in bar:
-            ids = data[torch.randint(len(data), (cfg.ar_batch,), generator=gen)].clone()
-            drop = torch.rand(cfg.ar_batch, generator=gen) < cfg.caption_dropout
-            ids[drop, : CAPTION_LEN + 1] = null  # caption dropout: learn the unconditional model
-            ids = ids.to(dev)
-            for g in opt.param_groups:
-                g["lr"] = _cosine_lr(step, cfg.ar_steps, cfg.ar_lr, cfg.ar_warmup)
-            with torch.autocast(dev.type, dtype=torch.bfloat16):
-                logits = model(ids[:, :-1])
-            # Position CAPTION_LEN (the image-start token) predicts the first image code.
-            target = ids[:, CAPTION_LEN + 1 :] - n_text
-            loss = F.cross_entropy(
-                logits[:, CAPTION_LEN:].float().reshape(-1, logits.shape[-1]), target.reshape(-1)
-            )
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
-            stage.checkpoint(step, cfg.checkpoint_every, model=_cpu(model),
-                             optimizer=opt.state_dict(), generator=gen.get_state(),
-                             loss=loss.item())
-    log["ar_final_loss"] = stage.state["loss"]
-    log["ar_seconds"] = stage.state["seconds"]
+    if stage.state["done"]:
+        return
+    model.train()
+    bar = stage.bar()
+    for step in bar:
+        ids = data[torch.randint(len(data), (cfg.ar_batch,), generator=gen)].clone()
+        drop = torch.rand(cfg.ar_batch, generator=gen) < cfg.caption_dropout
+        ids[drop, : CAPTION_LEN + 1] = null  # caption dropout: learn the unconditional model
+        ids = ids.to(dev)
+        for g in opt.param_groups:
+            g["lr"] = _cosine_lr(step, stage.total, lr, warmup)
+        with torch.autocast(dev.type, dtype=torch.bfloat16):
+            logits = model(ids[:, :-1])
+        # Position CAPTION_LEN (the image-start token) predicts the first image code.
+        target = ids[:, CAPTION_LEN + 1 :] - n_text
+        loss = F.cross_entropy(
+            logits[:, CAPTION_LEN:].float().reshape(-1, logits.shape[-1]), target.reshape(-1)
+        )
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        stage.checkpoint(step, cfg.checkpoint_every, model=_cpu(model),
+                         optimizer=opt.state_dict(), generator=gen.get_state(),
+                         loss=loss.item())
+
+
+def train_ar(cfg: TrainConfig, data: torch.Tensor, out: Path, log: dict) -> Decoder:
+    """A cosine cycle of `ar_steps`, then a warm restart of `ar_refine_steps` at a lower rate.
+
+    The second cycle continues from the first one's weights with a fresh optimiser; the loss
+    is still falling at the end of the first, and a restart buys more than stretching it.
+    """
+    torch.manual_seed(cfg.seed + 2)
+    model = Decoder(decoder_config(cfg, vqlib.VQ_KWARGS["num_embeddings"]))
+    model = model.to(torch.device(cfg.device))
+    first = _Stage(out, "transformer", cfg.ar_steps)
+    refine = _Stage(out, "transformer-refine", cfg.ar_refine_steps) if cfg.ar_refine_steps else None
+    if refine is None or not refine.step:
+        _fit_ar(model, cfg, data, first, lr=cfg.ar_lr, warmup=cfg.ar_warmup, seed=cfg.seed + 3)
+    log["ar_first_cycle_loss"] = first.state["loss"]
+    log["ar_seconds"] = first.state["seconds"]
+    last = first
+    if refine is not None:
+        _fit_ar(model, cfg, data, refine, lr=cfg.ar_refine_lr, warmup=50, seed=cfg.seed + 4)
+        log["ar_refine_seconds"] = refine.state["seconds"]
+        last = refine
+    log["ar_final_loss"] = last.state["loss"]
     return model.eval()
 
 
