@@ -12,6 +12,7 @@ from . import acceptance
 from .checks import is_integer
 from .config import DEFAULT_COUPLING, DEFAULT_DRAFT_INIT, METHODS, JacobiConfig, SamplingConfig
 from .decoding import DecodeResult, autoregressive_decode, jacobi_decode
+from .decoding.rows import check_row_context, row_jacobi_decode
 from .decoding.window import WindowPolicy
 from .models.base import ImageModel
 
@@ -96,13 +97,15 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
              top_k: int | None = None, top_p: float | None = None,
              cfg_scale: float | None = None,
              draft_init: str = DEFAULT_DRAFT_INIT, coupling: str = DEFAULT_COUPLING,
-             advance: str = "per_image",
+             advance: str = "per_image", row_context: int | None = None,
              progress=False, max_batch: int = 32,
              decode_images: bool = True, profile: bool = False, **options) -> GenerationOutput:
     """Generate one image per prompt with `method` (see METHODS); method options by name
     (csd: lam, delta, filter; gsd: group_size, prob_threshold, dist_threshold; lantern: k,
     delta; amplify: k; addition: eps). Batches larger than `max_batch` run in chunks of that
-    size, one after the other (same images: each image has its own random stream)."""
+    size, one after the other (same images: each image has its own random stream).
+    row_context=c: the two-dimensional window (several rows in flight; not lossless), for
+    models whose adapters take a row-causal mask (builtin, tiny, llamagen)."""
     if not isinstance(prompts, (list, tuple)):
         prompts = [prompts]
     if len(prompts) == 0:
@@ -114,7 +117,10 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
     sampling = resolve_sampling(model, temperature, top_k, top_p, cfg_scale)
     policy = window if isinstance(window, WindowPolicy) else None
     jacobi = JacobiConfig(window=policy.max_window if policy else window, draft_init=draft_init,
-                          coupling=coupling, advance=advance)
+                          coupling=coupling, advance=advance, row_context=row_context)
+    check_row_context(model, jacobi, speculative=rule is not None)
+    if row_context is not None and policy is not None and type(policy) is not WindowPolicy:
+        raise ValueError(f"row_context needs a fixed window; got the policy {policy!r}")
     gens = generators_for(model, seed, len(prompts))
     bar = None
     if hasattr(progress, "update"):  # the caller's own progress object (update(n), close())
@@ -132,6 +138,9 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
         session = model.start(list(prompts[lo:hi]), cfg=sampling.uses_cfg)
         if rule is None:
             parts.append(autoregressive_decode(model, session, sampling, gens[lo:hi], bar))
+        elif row_context is not None:
+            parts.append(row_jacobi_decode(model, session, rule, sampling, jacobi, gens[lo:hi],
+                                           bar, profile=profile))
         else:
             parts.append(jacobi_decode(model, session, rule, sampling, jacobi, gens[lo:hi], bar,
                                        profile=profile, policy=policy))
@@ -154,6 +163,7 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
         drafted=grid(res.drafted), entropy=grid(res.entropy), accept_hist=res.accept_hist.cpu(),
         latency_s=latency, rule_seconds=res.rule_seconds,
         options={"window": jacobi.window, "draft_init": draft_init, "coupling": coupling,
+                 **({"row_context": row_context} if row_context is not None else {}),
                  **options, **vars(sampling)},
         sequence=res.tokens.cpu(),
         mean_window=(res.mean_window.cpu() if res.mean_window is not None

@@ -79,12 +79,17 @@ class JacobiConfig:
     advance: "per_image" (each image commits its own accepted prefix) or "batch_min" (every image
         advances by the batch's smallest accepted length, as the reference code does; biased and
         slower, kept for comparison).
+    row_context: None (raster order) or c >= 1: the two-dimensional window (decoding/rows.py);
+        row r + 1 starts drafting once row r has c committed tokens, each active row with a
+        window of its own behind the row above. Not lossless for any rule; c = a full row is
+        one-dimensional Jacobi decoding.
     """
 
     window: int | str = 16
     draft_init: str = DEFAULT_DRAFT_INIT
     coupling: str = DEFAULT_COUPLING
     advance: str = "per_image"
+    row_context: int | None = None
 
     def __post_init__(self) -> None:
         if self.window != "auto" and not (is_integer(self.window)
@@ -97,3 +102,7 @@ class JacobiConfig:
             raise ValueError(f"unknown coupling {self.coupling!r}; valid: {COUPLINGS}")
         if self.advance not in ADVANCE_MODES:
             raise ValueError(f"unknown advance {self.advance!r}; valid: {ADVANCE_MODES}")
+        if self.row_context is not None and not (is_integer(self.row_context)
+                                                 and self.row_context >= 1):
+            raise ValueError("row_context must be an integer >= 1 (tokens of the row above "
+                             f"committed before a row starts) or None, got {self.row_context!r}")

@@ -162,6 +162,8 @@ class Tail:
     drafts [b, K] and draft_probs [b, K, V]: what was verified; target_probs [b, L, V];
     pos [b, L] generated positions; u_keep [b, L] and u_draw [b, L]: uniforms (u_keep is the
     verification uniform, reused: a tail slot's verification never decides anything).
+    n_drafts [b] or None: drafts each window really has when windows of several lengths share
+    the batch (slots at and after it hold no draft); None: all K.
     """
 
     act: torch.Tensor
@@ -171,6 +173,7 @@ class Tail:
     pos: torch.Tensor
     u_keep: torch.Tensor
     u_draw: torch.Tensor
+    n_drafts: torch.Tensor | None = None
 
 
 class Coupling(ABC):
@@ -210,6 +213,10 @@ class Maximal(Coupling):
         q = t.target_probs
         keep = t.u_keep[:, :k] < acceptance_ratio(t.drafts, t.draft_probs, q[:, :k])
         res = residual_probs(t.draft_probs, q[:, :k])
+        if t.n_drafts is not None:  # no draft to keep: a plain draw from the target
+            real = torch.arange(k, device=q.device) < t.n_drafts[:, None]
+            keep &= real
+            res = torch.where(real[..., None], res, q[:, :k])
         redrawn = sample_with_uniform(res, t.u_draw[:, :k])
         last = sample_with_uniform(q[:, k:], t.u_draw[:, k:])  # no draft there yet
         return torch.cat([torch.where(keep, t.drafts, redrawn), last], 1), q

@@ -24,7 +24,7 @@ from ..acceptance.functional import entropy, first_rejection
 from ..config import JacobiConfig, SamplingConfig
 from ..models.base import ImageModel, Session
 from ..sampling import sample_with_uniform, target_probs
-from .drafting import COUPLINGS, FRESH_INITS, FreshSlots, Tail
+from .drafting import COUPLINGS, FRESH_INITS, Coupling, FreshSlots, Tail
 from .result import DecodeResult, draw
 from .window import WindowPolicy, make_policy
 
@@ -73,14 +73,12 @@ def jacobi_decode(
         if act.numel() == 0:
             break
         b, na = act.numel(), n[act]
-        rows = torch.arange(b, device=dev)
         w_act = policy.choose(act)
         outputs = torch.minimum(length - na, w_act)  # distributions each image uses
         L = int(outputs.max())
         K = L - 1
         rnd = draw(generators, act, 3 * window + 1, dev)
-        u_accept, u_sample = rnd[:, :window], rnd[:, window : 2 * window]
-        u_extra, u_fresh = rnd[:, 2 * window], rnd[:, 2 * window + 1 :]
+        u_fresh = rnd[:, 2 * window + 1 :]
 
         # Drafts: recycled ones first, fresh ones after, forced tokens where required.
         pos = na[:, None] + slots[:L]  # [b, L] generated positions of the outputs
@@ -102,32 +100,10 @@ def jacobi_decode(
         if has_forced:
             q = torch.where((f >= 0)[..., None], _onehot(f.clamp(min=0), vocab, q.dtype), q)
 
-        # Verify every draft at once; a = first rejection, capped at the last real draft.
-        if profile:
-            _sync(dev)
-        t0 = time.perf_counter()
-        if K > 0:
-            a_prob = rule.compute_acceptance(d, dp, q[:, :K])
-            ok = u_accept[:, :K] < a_prob
-            if has_forced:
-                ok |= fk >= 0
-            ok &= slots[:K] < (outputs - 1)[:, None]
-            acc = first_rejection(ok)
-            at = acc.clamp(max=K - 1)
-            residual = rule.compute_residual(
-                dp[rows, at][:, None], q[rows, at][:, None], d[rows, at][:, None]
-            )[:, 0]
-        else:
-            acc = torch.zeros(b, dtype=torch.long, device=dev)
-        if profile:
-            _sync(dev)
-        rule_seconds += time.perf_counter() - t0
-        rejected = acc < outputs - 1
-        extra_probs = q[rows, acc]
-        if K > 0:
-            extra_probs = torch.where(rejected[:, None], residual, extra_probs)
-        extra = sample_with_uniform(extra_probs, u_extra)
-        y, y_dist = coupling.redraft(Tail(act, d, dp, q, pos, u_accept[:, :L], u_sample[:, :L]))
+        acc, _, extra, y, y_dist, seconds = verify_window(
+            rule, coupling, act, d, dp, q, pos, outputs, rnd, window,
+            forced=fk if has_forced else None, profile=profile)
+        rule_seconds += seconds
 
         # Slot j carries: an accepted draft (j < a), the committed extra (j == a), or the
         # coupling's next draft with its declared distribution (j > a).
@@ -175,6 +151,55 @@ def jacobi_decode(
         rule_seconds=rule_seconds,
         mean_window=policy.mean_window(),
     )
+
+
+def verify_window(rule: AcceptanceRule, coupling: Coupling, act: torch.Tensor, d: torch.Tensor,
+                  dp: torch.Tensor, q: torch.Tensor, pos: torch.Tensor, outputs: torch.Tensor,
+                  rnd: torch.Tensor, window: int, forced: torch.Tensor | None = None,
+                  profile: bool = False, ragged: bool = False) -> tuple[torch.Tensor, ...]:
+    """Verify every window at once and draw what the loop may commit or recycle.
+
+    d [b, K], dp [b, K, V]: drafts and their declared laws; q [b, L, V] targets (L = K + 1);
+    outputs [b]: distributions each window really has (<= L); rnd [b, >= 2 * window + 1]:
+    verification uniforms, then coupling uniforms, then the extra token's. forced [b, K]: the
+    token forced at each draft slot (-1 where free), accepted whatever the rule says. ragged:
+    windows of several lengths share the batch, so the coupling is told where each one's
+    drafts end (outputs - 1).
+    Returns acc [b] (first rejection, capped at the last real draft), rejected [b], extra [b]
+    (drawn from the rule's residual at a rejection, else a bonus from q at acc), the coupling's
+    next drafts y [b, L] with their laws y_dist [b, L, V], and the seconds spent in the rule.
+    """
+    b, L = q.shape[:2]
+    K, dev = L - 1, q.device
+    rows, slots = torch.arange(b, device=dev), torch.arange(max(K, 1), device=dev)
+    u_accept, u_sample, u_extra = rnd[:, :window], rnd[:, window : 2 * window], rnd[:, 2 * window]
+    if profile:
+        _sync(dev)
+    t0 = time.perf_counter()
+    if K > 0:
+        a_prob = rule.compute_acceptance(d, dp, q[:, :K])
+        ok = u_accept[:, :K] < a_prob
+        if forced is not None:
+            ok |= forced >= 0
+        ok &= slots[:K] < (outputs - 1)[:, None]
+        acc = first_rejection(ok)
+        at = acc.clamp(max=K - 1)
+        residual = rule.compute_residual(
+            dp[rows, at][:, None], q[rows, at][:, None], d[rows, at][:, None]
+        )[:, 0]
+    else:
+        acc = torch.zeros(b, dtype=torch.long, device=dev)
+    if profile:
+        _sync(dev)
+    seconds = time.perf_counter() - t0
+    rejected = acc < outputs - 1
+    extra_probs = q[rows, acc]
+    if K > 0:
+        extra_probs = torch.where(rejected[:, None], residual, extra_probs)
+    extra = sample_with_uniform(extra_probs, u_extra)
+    y, y_dist = coupling.redraft(Tail(act, d, dp, q, pos, u_accept[:, :L], u_sample[:, :L],
+                                      n_drafts=(outputs - 1).clamp(min=0) if ragged else None))
+    return acc, rejected, extra, y, y_dist, seconds
 
 
 def _onehot(tokens: torch.Tensor, vocab: int, dtype: torch.dtype) -> torch.Tensor:

@@ -57,3 +57,15 @@ def draw(generators: list[torch.Generator], rows: torch.Tensor, count: int,
     """
     return torch.stack([torch.rand(count, generator=generators[i], device=device)
                         for i in rows.tolist()])
+
+
+def draw_ragged(generators: list[torch.Generator], rows: torch.Tensor, counts: torch.Tensor,
+                device: torch.device) -> torch.Tensor:
+    """[len(rows), max(counts)] uniforms, row i holding counts[i] draws from the generator of
+    image rows[i] (zeros after them): an image's stream depends only on its own needs."""
+    n = counts.tolist()
+    out = torch.zeros(len(n), max(n), device=device)
+    for i, (g, k) in enumerate(zip(rows.tolist(), n, strict=True)):
+        if k:
+            out[i, :k] = torch.rand(k, generator=generators[g], device=device)
+    return out

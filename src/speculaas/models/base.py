@@ -102,6 +102,21 @@ class Session(ABC):
         earlier call must not influence the result (rollback by position).
         """
 
+    def forward_packed(self, inputs: torch.Tensor, pos: torch.Tensor, images: torch.Tensor,
+                       visible: torch.Tensor, window_mask: torch.Tensor, store: torch.Tensor,
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed several segments per image in one forward (the two-dimensional window).
+
+        inputs, pos, store [b, S]: slot s feeds token inputs[:, s] at generated position
+        pos[:, s] (-1: the end of the prompt, the token is then ignored) and its output is the
+        distribution of generated position pos + 1. visible [b, S, T]: which generated
+        positions -1 .. T-2 of the cache each slot attends to (nothing follows T-1); window_mask [b, S, S]: which
+        slots of this window it attends to. Slots with `store` keep their keys in the cache at
+        their position; the others leave no trace. Adapters whose models cannot take such a
+        mask leave this unimplemented (ImageModel.packed_forward is False).
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no packed forward")
+
 
 class ImageModel(ABC):
     name: str
@@ -109,6 +124,8 @@ class ImageModel(ABC):
     layout: Layout
     defaults: SamplingConfig
     device: torch.device = torch.device("cpu")
+    # Whether sessions implement `forward_packed` (needed by row_context, the 2-D window).
+    packed_forward: bool = False
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -174,3 +191,49 @@ class PrefixDecoderSession(Session):
             cond, uncond = logits.chunk(2)
             return cond, uncond
         return logits, None
+
+    @torch.inference_mode()
+    def forward_packed(self, inputs, pos, images, visible, window_mask, store):  # noqa: ANN001, ANN201
+        rows = torch.cat([images, images + self.batch_size]) if self.cfg else images
+        prompt = visible.new_ones(len(images), self.prompt_len - 1)
+        mask, write = packed_layout(self.prompt_len, prompt, pos, visible, window_mask, store)
+        ids = inputs + self.token_offset
+        ids = torch.where(pos == -1, self.last_prompt[images][:, None], ids)
+        cache_pos = self.prompt_len + pos  # generated position -1 is the last prompt token
+        if self.cfg:
+            null = torch.where(pos == -1, self.last_prompt[images + self.batch_size][:, None],
+                               ids)
+            ids = torch.cat([ids, null])
+            mask, cache_pos, write = (torch.cat([t, t]) for t in (mask, cache_pos, write))
+        logits = self.decoder.forward_packed(ids, cache_pos, self.cache, rows, mask, write)
+        if self.cfg:
+            cond, uncond = logits.chunk(2)
+            return cond, uncond
+        return logits, None
+
+
+def packed_layout(base: int, prompt_visible: torch.Tensor, pos: torch.Tensor,
+                  visible: torch.Tensor, window_mask: torch.Tensor,
+                  store: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cache columns and attention mask of a packed window (Session.forward_packed).
+
+    A session whose generated position g sits at cache column base + g (so the prompt fills
+    columns 0 .. base - 2 and its last token base - 1) needs two spare columns after the
+    image: base + T takes the key of a slot that must leave no trace (a stand-in anchor; at
+    most one per image and call), base + T + 1 the padding (slots that do not see themselves).
+    Keys are written before attention, in position order, so a window of one segment computes
+    exactly what the raster forward computes. prompt_visible [b, base - 1]; the rest as in
+    forward_packed. Returns mask [b, S, base + T + 2] and write columns [b, S].
+    """
+    b, n_slots, length = visible.shape
+    stand_in, dump = base + length, base + length + 1
+    pad = ~window_mask.diagonal(dim1=1, dim2=2)
+    write = torch.where(store, base + pos, torch.where(pad, dump, stand_in))
+    mask = visible.new_zeros(b, n_slots, base + length + 2)
+    mask[..., : base - 1] = prompt_visible[:, None]
+    mask[..., base - 1 : base - 1 + length] = visible
+    own = torch.zeros_like(mask).scatter_(2, write[:, None, :].expand(-1, n_slots, -1),
+                                          window_mask)
+    mask |= own
+    mask[..., dump] |= pad  # padding sees only itself (never an empty softmax row)
+    return mask, write

@@ -28,7 +28,7 @@ from PIL import Image
 from torch import nn
 
 from ..config import SamplingConfig
-from .base import ImageModel, Layout, Session, resolve_dtype, to_images
+from .base import ImageModel, Layout, Session, packed_layout, resolve_dtype, to_images
 
 # (dim, n_layer) -> n_head of LlamaGen's published GPT sizes.
 N_HEADS = {
@@ -197,15 +197,25 @@ class LlamaGenGPT(nn.Module):
         return self.cls_embedding.cap_proj(torch.stack(caps)), torch.stack(masks)
 
     def forward_cached(
-        self, x: torch.Tensor, pos: torch.Tensor, cache: dict, rows: torch.Tensor
+        self, x: torch.Tensor, pos: torch.Tensor, cache: dict, rows: torch.Tensor,
+        packed: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """x [R, L, dim] embeddings at positions pos [R, L] of cache rows `rows` -> logits."""
-        span = int(pos.max()) + 1
-        keys = torch.arange(span, device=x.device)
-        visible = keys[None, None, :] <= pos[:, :, None]
-        # Padded caption positions are hidden, except from themselves (no empty softmax rows).
-        valid = cache["valid"][rows, :span]
-        mask = (visible & (valid[:, None, :] | (keys[None, None, :] == pos[:, :, None])))[:, None]
+        """x [R, L, dim] embeddings at positions pos [R, L] of cache rows `rows` -> logits.
+
+        packed = (mask [R, L, S], write [R, L]): store the keys at cache columns `write` and let
+        each query see the first S columns as the mask says (Session.forward_packed)."""
+        if packed is None:
+            span = int(pos.max()) + 1
+            keys = torch.arange(span, device=x.device)
+            visible = keys[None, None, :] <= pos[:, :, None]
+            # Padded caption positions are hidden, except from themselves (no empty softmax rows).
+            valid = cache["valid"][rows, :span]
+            mask = (visible & (valid[:, None, :] | (keys[None, None, :] == pos[:, :, None])))
+            write = pos
+        else:
+            mask, write = packed
+            span = mask.shape[-1]
+        mask = mask[:, None]
         rot = self.rotary[pos.clamp(max=self.rotary.shape[0] - 1)]
         for i, blk in enumerate(self.layers):
             att = blk.attention
@@ -215,8 +225,8 @@ class LlamaGenGPT(nn.Module):
             q = _rotate(q.view(*x.shape[:2], att.n_head, att.head_dim), rot)
             k = _rotate(k.view(*x.shape[:2], att.n_kv_head, att.head_dim), rot)
             v = v.view(*x.shape[:2], att.n_kv_head, att.head_dim)
-            cache["k"][i][rows[:, None], :, pos] = k
-            cache["v"][i][rows[:, None], :, pos] = v
+            cache["k"][i][rows[:, None], :, write] = k
+            cache["v"][i][rows[:, None], :, write] = v
             rep = att.n_head // att.n_kv_head
             ks = cache["k"][i][rows, :, :span].repeat_interleave(rep, 1)
             vs = cache["v"][i][rows, :, :span].repeat_interleave(rep, 1)
@@ -230,11 +240,13 @@ class LlamaGenGPT(nn.Module):
     def new_cache(self, rows: int) -> dict:
         att = self.layers[0].attention
         p = self.tok_embeddings.weight
-        shape = (self.n_layer, rows, att.n_kv_head, self.max_len + 1, att.head_dim)
+        # Two spare columns after the image: raster windows park their overhang on the first;
+        # packed windows put a stand-in anchor there and their padding on the second.
+        shape = (self.n_layer, rows, att.n_kv_head, self.max_len + 2, att.head_dim)
         return {
             "k": torch.zeros(shape, dtype=p.dtype, device=p.device),
             "v": torch.zeros(shape, dtype=p.dtype, device=p.device),
-            "valid": torch.ones(rows, self.max_len + 1, dtype=torch.bool, device=p.device),
+            "valid": torch.ones(rows, self.max_len + 2, dtype=torch.bool, device=p.device),
         }
 
 
@@ -375,6 +387,7 @@ def _load_t5(t5, tokenizer, device):  # noqa: ANN001, ANN202
 
 
 class LlamaGenModel(ImageModel):
+    packed_forward = True
     name = "llamagen"
 
     def __init__(
@@ -505,6 +518,28 @@ class _LlamaGenSession(Session):
         pos = self.prefix - 1 + offset[:, None] + torch.arange(inputs.shape[1], device=x.device)
         pos = pos.clamp(max=self.gpt.max_len)  # slots past the image: a spare cache slot
         logits = self.gpt.forward_cached(x, pos, self.cache, rows)
+        if self.cfg:
+            cond, uncond = logits.chunk(2)
+            return cond, uncond
+        return logits, None
+
+    @torch.inference_mode()
+    def forward_packed(self, inputs, pos, images, visible, window_mask, store):  # noqa: ANN001, ANN201
+        rows = torch.cat([images, images + self.batch_size]) if self.cfg else images
+        prompt = self.cache["valid"][images, : self.prefix - 1]
+        mask, write = packed_layout(self.prefix, prompt, pos, visible, window_mask, store)
+        x = self.gpt.tok_embeddings(inputs)
+        x = torch.where((pos == -1)[..., None], self.last[images].to(x.dtype), x)
+        cache_pos = self.prefix + pos  # generated position -1 is the last condition token
+        if self.cfg:
+            null = torch.where((pos == -1)[..., None],
+                               self.last[images + self.batch_size].to(x.dtype), x)
+            x = torch.cat([x, null])
+            prompt = self.cache["valid"][images + self.batch_size, : self.prefix - 1]
+            null_mask, _ = packed_layout(self.prefix, prompt, pos, visible, window_mask, store)
+            mask, cache_pos, write = torch.cat([mask, null_mask]), *(
+                torch.cat([t, t]) for t in (cache_pos, write))
+        logits = self.gpt.forward_cached(x, cache_pos, self.cache, rows, (mask, write))
         if self.cfg:
             cond, uncond = logits.chunk(2)
             return cond, uncond

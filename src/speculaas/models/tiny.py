@@ -49,6 +49,7 @@ class TinyModel(ImageModel):
     """
 
     name = "tiny"
+    packed_forward = True
 
     def __init__(
         self,
@@ -85,7 +86,7 @@ class TinyModel(ImageModel):
             d_model=d_model,
             n_layers=n_layers,
             n_heads=n_heads,
-            max_len=2 + self.layout.length,
+            max_len=4 + self.layout.length,  # two spare positions (base.packed_layout)
         )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(torch.randint(2**31, (1,), generator=torch_gen)))

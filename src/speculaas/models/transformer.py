@@ -76,14 +76,16 @@ class Block(nn.Module):
         shape = (rows, length, self.cfg.n_heads, -1)
         return (t.view(shape).transpose(1, 2) for t in (q, k, v))  # type: ignore[return-value]
 
-    def forward(self, x, pos, rope, layer_cache=None, rows=None, mask=None, all_rows=False):  # noqa: ANN001, ANN201, E501
+    def forward(self, x, pos, rope, layer_cache=None, rows=None, mask=None, all_rows=False,  # noqa: ANN001, ANN201, E501
+                write=None):
         """x [rows, L, d]; pos [rows, L]; rope: cos, sin tables at pos. Without a cache: plain
         causal self-attention (training).
 
         With a cache (`layer_cache` = (k, v) of this layer, `rows` the cache rows these inputs
         belong to, `mask` [rows, 1, L, S]): the window's keys/values are written at their
-        positions, then the queries attend to the first S cached positions of their rows.
-        `all_rows`: rows is every cache row in order, so the cache is read as a view.
+        positions (or at `write` [rows, L] where given), then the queries attend to the first S
+        cached positions of their rows. `all_rows`: rows is every cache row in order, so the
+        cache is read as a view.
         """
         q, k, v = self._heads(x)
         q, k = _rope(q, rope), _rope(k, rope)
@@ -91,9 +93,10 @@ class Block(nn.Module):
             att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             ck, cv = layer_cache
+            at = pos if write is None else write
             # Advanced indices around a slice move to the front: target view [rows, L, H, hd].
-            ck[rows[:, None], :, pos] = k.transpose(1, 2)
-            cv[rows[:, None], :, pos] = v.transpose(1, 2)
+            ck[rows[:, None], :, at] = k.transpose(1, 2)
+            cv[rows[:, None], :, at] = v.transpose(1, 2)
             span = mask.shape[-1]
             if all_rows:
                 keys, values = ck[:, :, :span], cv[:, :, :span]
@@ -162,4 +165,17 @@ class Decoder(nn.Module):
         all_rows = len(rows) == cache.k.shape[1]  # rows come sorted: every row, in order
         for i, blk in enumerate(self.blocks):
             x = blk(x, pos, rope, (cache.k[i], cache.v[i]), rows, mask, all_rows)
+        return self.head(self.norm(x))
+
+    def forward_packed(self, ids: torch.Tensor, pos: torch.Tensor, cache: KVCache,
+                       rows: torch.Tensor, mask: torch.Tensor, write: torch.Tensor) -> torch.Tensor:
+        """A packed window (see Session.forward_packed): ids at positions pos [R, L], keys and
+        values stored at cache columns `write` [R, L], then every query attends to the first S
+        columns as mask [R, L, S] allows. Returns logits [R, L, vocab_out]."""
+        if mask.shape[-1] > self.cfg.max_len:
+            raise ValueError(f"a packed window needs {mask.shape[-1]} cache positions; the "
+                             f"model has max_len {self.cfg.max_len}")
+        x, rope = self.embed(ids), self._rope_at(pos)
+        for i, blk in enumerate(self.blocks):
+            x = blk(x, pos, rope, (cache.k[i], cache.v[i]), rows, mask[:, None], write=write)
         return self.head(self.norm(x))

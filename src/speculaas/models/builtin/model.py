@@ -40,6 +40,7 @@ def _load_part(module: torch.nn.Module, tensors: dict, prefix: str, source: Path
 
 class BuiltinModel(ImageModel):
     name = "builtin"
+    packed_forward = True
 
     def __init__(self, path: str | Path | None = None, device: str | torch.device = "cpu",
                  dtype: torch.dtype | str | None = None) -> None:
