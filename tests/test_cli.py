@@ -27,3 +27,15 @@ def test_bad_flags_give_one_line_errors(tmp_path):
     res = subprocess.run(CLI + ["generate", "--model", "tiny", "--prompt", "cat",
                                 "--out", str(tmp_path / "x.png")], capture_output=True, text=True)
     assert res.returncode == 2 and "class ids" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_row_context_flag(tmp_path):
+    out = tmp_path / "img.png"
+    res = subprocess.run(CLI + ["generate", "--model", "tiny", "--prompt", "3", "--method", "sjd",
+                                "--row-context", "1", "--out", str(out)],
+                         capture_output=True, text=True, check=True)
+    assert "forward passes for 16 tokens" in res.stdout
+    res = subprocess.run(CLI + ["generate", "--model", "tiny", "--prompt", "3", "--method", "ar",
+                                "--row-context", "1", "--out", str(out)],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "needs a speculative method" in res.stderr

@@ -36,6 +36,10 @@ def _post(url: str, body, timeout: float = 120.0) -> tuple[int, dict, float]:
     ({**GOOD, "caption": 7}, "caption must be text"),
     ({**GOOD, "coupling": "tight"}, "unknown coupling"),
     ({**GOOD, "caption": "a cat"}, "does not know"),
+    ({**GOOD, "row_context": 40}, "row_context must be an integer in [1, 16]"),
+    ({**GOOD, "row_context": "4"}, "row_context must be a whole number"),
+    ({**GOOD, "row_context": 4, "method": "ar"}, "needs a speculative method"),
+    ({**GOOD, "row_context": 4, "window": "auto"}, "fixed integer window"),
     (b"{not json", "could not read the request"),
     ([1, 2], "must be a JSON object"),
 ])
@@ -65,3 +69,11 @@ def test_twenty_concurrent_requests_all_answered_and_the_page_stays_up(demo_url)
             assert seconds < 5 and "busy" in data["error"]
         if status == 200:
             assert data["runs"][0]["forward_passes"] < 256
+
+
+def test_two_dimensional_window_through_the_page_api(demo_url):
+    status, data, _ = _post(demo_url, {**GOOD, "row_context": 4, "compare": True})
+    assert status == 200
+    rows, ar = data["runs"]
+    assert rows["method"] == "csd" and ar["method"] == "ar"
+    assert rows["forward_passes"] < ar["forward_passes"] == 256

@@ -100,6 +100,13 @@ def test_vq16_names_map_onto_janus_vqvae(files, c2i):
     assert (got - want).abs().max() <= 1
 
 
+def other_emb(cap):
+    """The same caption with different values at its padded positions."""
+    emb = cap["embedding"].clone()
+    emb[~cap["mask"]] = 100.0
+    return emb
+
+
 def test_t2i_with_caption_embeddings_and_padding_mask(files):
     out, _ = files
     model = sp.load_model("llamagen", str(out / "t2i_tiny_64.pt"), image_size=GRID * 16,
@@ -110,6 +117,13 @@ def test_t2i_with_caption_embeddings_and_padding_mask(files):
     ar = sp.generate(model, caps, method="ar", top_k=1, decode_images=False)
     sjd = sp.generate(model, caps, method="sjd", top_k=1, window=5, decode_images=False)
     assert torch.equal(ar.tokens, sjd.tokens)
+    rows = sp.generate(model, caps, method="sjd", top_k=1, row_context=GRID, decode_images=False)
+    assert torch.equal(ar.tokens, rows.tokens)  # the packed mask keeps the padding hidden too
+    padded = {"embedding": other_emb(caps[1]), "mask": caps[1]["mask"]}
+    assert torch.equal(sp.generate(model, [caps[0], padded], method="csd", row_context=2,
+                                   seed=4, decode_images=False).tokens,
+                       sp.generate(model, caps, method="csd", row_context=2, seed=4,
+                                   decode_images=False).tokens)
     # padded positions are really ignored: changing them changes nothing
     other = {"embedding": caps[1]["embedding"].clone(), "mask": caps[1]["mask"]}
     other["embedding"][:2] = 100.0
@@ -163,3 +177,19 @@ def test_t2i_encodes_text_with_a_local_t5(files, tmp_path):
                           n_head=4)
     with pytest.raises(ValueError, match="takes text only with a T5 encoder"):
         sp.generate(plain, ["a red fox"], method="ar")
+
+
+def test_c2i_two_dimensional_window(c2i):
+    """row_context on LlamaGen (2-D rotary, grouped heads, CFG): a full row of context is raster
+    Jacobi decoding with the same seed; greedy equals AR; c = 1 runs rows side by side."""
+    kw = dict(method="csd", seed=[3, 4, 5], decode_images=False)
+    raster = sp.generate(c2i, [3, 7, None], **kw)
+    full = sp.generate(c2i, [3, 7, None], row_context=GRID, **kw)
+    assert torch.equal(full.tokens, raster.tokens)
+    ar = sp.generate(c2i, [3, 7, None], method="ar", top_k=1, decode_images=False)
+    greedy = sp.generate(c2i, [3, 7, None], method="sjd", top_k=1, row_context=GRID, seed=1,
+                         decode_images=False)
+    assert torch.equal(greedy.tokens, ar.tokens)
+    diag = sp.generate(c2i, [3, 7, None], row_context=1, **kw)
+    assert (diag.commit_step[:, 1:, 0] < diag.commit_step[:, :-1, -1]).any()
+    assert (diag.commit_step >= 0).all()

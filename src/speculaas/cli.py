@@ -111,6 +111,9 @@ def add_decoding_flags(p: argparse.ArgumentParser) -> None:
                    help="what fresh draft slots hold")
     p.add_argument("--coupling", default=DEFAULT_COUPLING, choices=COUPLINGS,
                    help="how tail slots become the next drafts (maximal/gumbel: coupled)")
+    p.add_argument("--row-context", type=int, default=None, metavar="C",
+                   help="two-dimensional window: a row starts once the row above has C "
+                        "committed tokens (not lossless; None: raster order)")
     p.add_argument("--temperature", type=float, default=None, help="None: the model's default")
     p.add_argument("--top-k", type=int, default=None,
                    help="None: the model's default; 0 switches top-k off")
@@ -133,7 +136,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
     out = sp.generate(model, prompts, method=args.method, seed=args.seed, window=args.window,
                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                       cfg_scale=args.cfg_scale, draft_init=args.draft_init,
-                      coupling=args.coupling, progress=True, **_rule_options(args))
+                      coupling=args.coupling, row_context=args.row_context, progress=True,
+                      **_rule_options(args))
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     paths = [path] if len(prompts) == 1 else [
@@ -203,7 +207,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="builtin-set, classes (tiny), or a .txt/.tsv/.csv/COCO .json file")
     b.add_argument("--limit", type=int, default=32, help="use the first N prompts (0: all)")
     b.add_argument("--methods", default="ar,sjd,csd,gsd,lantern,amplify,addition",
-                   help="comma-separated; options as csd:delta=0.35:lam=0.5")
+                   help="comma-separated; options as csd:delta=0.35:lam=0.5 (decoding options "
+                        "too: csd:row_context=4:window=8)")
     b.add_argument("--sweep", action="append", default=[],
                    help="METHOD.OPTION=V1,V2,... adds one variant per value")
     b.add_argument("--seeds", type=int, default=2, help="seeds per prompt")

@@ -25,9 +25,11 @@ from PIL import Image
 from ..api import METHODS, generate
 from ..bench.maps import run_lengths
 from ..checks import is_integer, is_number
-from ..config import COUPLINGS, DEFAULT_COUPLING, DEFAULT_DRAFT_INIT, DRAFT_INITS
+from ..config import COUPLINGS, DEFAULT_COUPLING, DEFAULT_DRAFT_INIT, DRAFT_INITS, JacobiConfig
+from ..decoding.rows import check_row_context
 
-LIMITS = {"caption_chars": 300, "window": (1, 64), "lam": (0.0, 10.0), "delta": (0.0, 1.0),
+LIMITS = {"caption_chars": 300, "window": (1, 64), "row_context": (1, 64), "lam": (0.0, 10.0),
+          "delta": (0.0, 1.0),
           "temperature": (0.05, 5.0), "cfg_scale": (0.0, 20.0), "seed": (0, 2**31 - 1)}
 QUEUE_LIMIT = 4  # one running + three waiting; more is answered 503 at once
 TIME_LIMIT_S = 60.0  # per request, queueing excluded
@@ -123,6 +125,11 @@ def parse_request(form: dict, model) -> dict:  # noqa: ANN001
         "cfg_scale": _number(form, "cfg_scale", d.cfg_scale or 1.0),
         "seed": _number(form, "seed", 0, int),
     }
+    row_context = _number(form, "row_context", None, int)
+    if row_context is not None:
+        jacobi = JacobiConfig(window=args["window"], row_context=row_context)
+        check_row_context(model, jacobi, speculative=method != "ar")
+        args["row_context"] = row_context
     if method == "csd":
         args["lam"] = _number(form, "lam", 0.5)
         args["delta"] = _number(form, "delta", 0.65)
