@@ -54,17 +54,22 @@ def fidelity_by_attribute(judge, images: list, captions: list[str]) -> dict[str,
     return {k: float(np.mean(v)) for k, v in hits.items()}
 
 
-def prompt_fidelity(judge, images: list, captions: list[str]) -> float:  # noqa: ANN001
-    """Share of requested attributes (main shape, colour and position, background) the judge
-    sees; attributes the judge has no head for are not counted."""
+def fidelity_scores(judge, images: list, captions: list[str]) -> np.ndarray:  # noqa: ANN001
+    """Per image: the share of its requested attributes (main shape, colour and position,
+    background) the judge sees; attributes the judge has no head for are not counted."""
     from ..models.builtin.judge import caption_labels, predict
 
     pred = predict(judge, images)
-    hits = []
+    scores = []
     for i, cap in enumerate(captions):
         want = caption_labels(cap)
-        hits += [int(pred[k][i]) == v for k, v in want.items() if k in pred]
-    return float(np.mean(hits))
+        scores.append(np.mean([int(pred[k][i]) == v for k, v in want.items() if k in pred]))
+    return np.array(scores, float)
+
+
+def prompt_fidelity(judge, images: list, captions: list[str]) -> float:  # noqa: ANN001
+    """Mean of `fidelity_scores` (every caption asks the same number of attributes)."""
+    return float(fidelity_scores(judge, images, captions).mean())
 
 
 def feature_distances(judge, real: list, fake: list) -> dict[str, float]:  # noqa: ANN001

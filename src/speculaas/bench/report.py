@@ -117,7 +117,11 @@ def write_report(cfg, model, prompts: list, rows: list[dict]) -> dict:  # noqa: 
                 detail[lab], runs, edges)
         if judge is not None:
             caps = [r["prompt"] for r in rs]
-            s["prompt_fidelity"] = metrics.prompt_fidelity(judge, images[lab], caps)
+            scores = metrics.fidelity_scores(judge, images[lab], caps)
+            s["prompt_fidelity"] = float(scores.mean())
+            # Standard error over images: the noise any fidelity difference is judged against.
+            s["prompt_fidelity_se"] = float(scores.std(ddof=1) / np.sqrt(len(scores))) \
+                if len(scores) > 1 else None
             if len(rs) >= MIN_FID_IMAGES:
                 s |= {f"{k}_vs_rendered": v for k, v in
                       metrics.feature_distances(judge, reference, images[lab]).items()}
