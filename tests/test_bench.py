@@ -164,3 +164,29 @@ def test_latency_script_runs_on_cpu(capsys):
     assert json.loads(lines[-1]) == speedups
     assert speedups["ar@batch1"] == 1.0 and "csd(delta=0.65,W=auto)@batch2" in speedups
     assert sum("| sjd(W=4) |" in line for line in lines) == 2
+
+
+def test_rows_benchmark_checks_its_targets():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "benchmarks" / "rows.py"
+    spec = importlib.util.spec_from_file_location("rows_bench", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+
+    def variant(fwd, fidelity, se, fid):
+        return {"forward_passes_mean": fwd, "step_compression": 256 / fwd, "speedup_vs_ar": 1.0,
+                "prompt_fidelity": fidelity, "prompt_fidelity_se": se, "fid_vs_rendered": fid}
+
+    summary = {"variants": {"ar": variant(256, 0.80, 0.02, 10.0),
+                            "good": variant(60, 0.78, 0.02, 10.5),
+                            "blurry": variant(50, 0.70, 0.02, 10.5),
+                            "slow": variant(100, 0.80, 0.02, 10.0),
+                            "smeared": variant(50, 0.80, 0.02, 12.0)}}
+    out = script.verdicts(summary)
+    assert out["good"]["meets_targets"] and out["good"]["fidelity_within_noise"]
+    assert not out["blurry"]["meets_targets"]  # 0.10 below AR, noise +-0.057
+    assert not out["slow"]["meets_targets"]  # 2.56x steps
+    assert not out["smeared"]["meets_targets"]  # FID 20 % above AR's
+    assert "row_context=2" in " ".join(script.VARIANTS)

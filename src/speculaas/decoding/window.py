@@ -91,12 +91,16 @@ class WindowPolicy:
 class AutoWindow(WindowPolicy):
     """Compute-aware window: argmax over W of E_i(W) / t(W) per image and iteration.
 
-    E_i(W) = (1 - a_i^W) / (1 - a_i), the expected tokens committed by a window of W when each
-    draft is accepted with probability a_i given the ones before it were (the standard
-    speculative-decoding model). a_i is the image's own acceptance rate over every slot it
-    verified, counts decayed by `decay` per iteration (the content changes along the image),
-    under a Beta prior of mean `prior` and weight 2. Pooling over slots lets what short windows
-    observe inform the value of long ones.
+    E_i(W) = 1 + sum_{j < W - 1} S_i(j), the expected tokens a window of W commits, where S_i(j)
+    is the chance that drafts 0..j are all accepted. S_i comes from per-slot rejection hazards
+    h(j) = P(draft j rejected | drafts before it accepted), estimated per image like a
+    survival curve with censoring (a window of W observes slots up to W - 2 only), in slot
+    buckets {0}, {1, 2}, {3..6}, {7..14}, ... so deep slots share evidence, under Beta priors
+    of mean `prior` (slot 0) and `deep_prior` (the rest) and weight 2, counts decayed by
+    `decay` per iteration (the content changes along the image). Unlike one acceptance rate
+    with geometric decay, the hazards see that accepted drafts come in bursts: a rejection is
+    likely at the first draft and rare once a run has started (whole rows under vertical
+    drafts), which is what makes long windows pay.
     t(W) is the measured cost of a window forward with its target-probability work. The choice
     depends only on that curve and on the image's own history, so with the curve fixed (cached
     for the process, or given as `cost`) the same seed gives the same image; across machines
@@ -106,10 +110,10 @@ class AutoWindow(WindowPolicy):
 
     def __init__(self, max_window: int = 64, candidates: tuple[int, ...] = CANDIDATES,
                  cost: dict[int, float] | None = None, decay: float = 0.9,
-                 prior: float = 0.5) -> None:
+                 prior: float = 0.5, deep_prior: float = 0.15) -> None:
         super().__init__(max_window)
         self.candidates = tuple(w for w in candidates if w <= max_window) or (max_window,)
-        self.cost, self.decay, self.prior = cost, decay, prior
+        self.cost, self.decay, self.prior, self.deep_prior = cost, decay, prior, deep_prior
 
     def begin(self, model, session: Session, cfg: bool) -> None:  # noqa: ANN001
         super().begin(model, session, cfg)
@@ -120,21 +124,36 @@ class AutoWindow(WindowPolicy):
         self.cand = torch.tensor(self.candidates, device=device)
         self.t = torch.tensor([curve[w] for w in self.candidates], device=device,
                               dtype=torch.float32)
-        self.reached = torch.zeros(batch, device=device)
-        self.accepted = torch.zeros(batch, device=device)
+        slots = torch.arange(self.max_window, device=device)
+        bucket = torch.floor(torch.log2(slots + 1.0)).long()  # 0 | 1-2 | 3-6 | 7-14 | ...
+        self.to_bucket = torch.nn.functional.one_hot(bucket).float()  # [slots, buckets]
+        n_buckets = self.to_bucket.shape[1]
+        self.h0 = torch.full((n_buckets,), self.deep_prior, device=device)
+        self.h0[0] = self.prior
+        self.at_risk = torch.zeros(batch, n_buckets, device=device)
+        self.events = torch.zeros(batch, n_buckets, device=device)
+
+    def survival(self, act: torch.Tensor) -> torch.Tensor:
+        """[b, max_window] chance that drafts 0..j are all accepted, per active image."""
+        hazard = (self.events[act] + 2 * self.h0) / (self.at_risk[act] + 2)
+        per_slot = hazard @ self.to_bucket.T  # [b, slots]
+        return torch.cumprod(1 - per_slot.clamp(max=1.0), 1)
 
     def choose(self, act: torch.Tensor) -> torch.Tensor:
-        alpha = ((self.accepted[act] + 2 * self.prior) / (self.reached[act] + 2)).clamp(max=0.999)
-        expected = (1 - alpha[:, None] ** self.cand) / (1 - alpha[:, None])  # [b, candidates]
+        gained = torch.cat([torch.ones_like(act[:, None], dtype=torch.float32),
+                            1 + self.survival(act).cumsum(1)], 1)  # E(W) for W = 1, 2, ...
+        expected = gained[:, self.cand - 1]  # [b, candidates]
         return self.cand[(expected / self.t).argmax(1)]
 
     def observe(self, act: torch.Tensor, window: torch.Tensor, outputs: torch.Tensor,
                 accepted: torch.Tensor) -> None:
         super().observe(act, window, outputs, accepted)
-        # Slots verified this iteration: the accepted ones plus the first rejection, if any.
-        verified = torch.minimum(accepted + 1, outputs - 1).clamp(min=0).float()
-        self.reached[act] = self.reached[act] * self.decay + verified
-        self.accepted[act] = self.accepted[act] * self.decay + accepted.float()
+        slots = torch.arange(self.max_window, device=act.device)
+        drafts = (outputs - 1).clamp(min=0)[:, None]  # slots verified at most
+        risk = slots < torch.minimum(accepted[:, None] + 1, drafts)
+        event = (slots == accepted[:, None]) & (accepted[:, None] < drafts)
+        self.at_risk[act] = self.at_risk[act] * self.decay + risk.float() @ self.to_bucket
+        self.events[act] = self.events[act] * self.decay + event.float() @ self.to_bucket
 
 
 def make_policy(window) -> WindowPolicy:  # noqa: ANN001
