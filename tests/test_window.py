@@ -43,7 +43,12 @@ def test_auto_window_follows_the_cost_curve(tiny):
         outs[name] = sp.generate(tiny, [1, 2], method="sjd", window=policy, seed=0,
                                  decode_images=False)
     assert (outs["flat"].mean_window > 12).all()  # ties at tiny acceptance may pick less
-    assert (outs["steep"].mean_window < 2).all()
+    # Steep: no window can pay even under the prior, so the decode is plain AR.
+    assert (outs["steep"].mean_window == 1).all()
+    ar = sp.generate(tiny, [1, 2], method="ar", seed=0, decode_images=False)
+    assert torch.equal(outs["steep"].forward_passes, ar.forward_passes)
+    assert torch.equal(outs["steep"].tokens, ar.tokens)
+    assert outs["steep"].accept_hist.shape == (2, 16)
 
 
 def test_auto_window_greedy_equals_ar(tiny):

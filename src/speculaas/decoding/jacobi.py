@@ -15,6 +15,7 @@ length and attention masks keys beyond the query's position.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -24,6 +25,7 @@ from ..acceptance.functional import entropy, first_rejection
 from ..config import JacobiConfig, SamplingConfig
 from ..models.base import ImageModel, Session
 from ..sampling import sample_with_uniform, target_probs
+from .autoregressive import autoregressive_decode
 from .drafting import COUPLINGS, FRESH_INITS, Coupling, FreshSlots, Tail
 from .result import DecodeResult, draw
 from .window import WindowPolicy, make_policy
@@ -49,6 +51,12 @@ def jacobi_decode(
     batch, length = session.batch_size, model.layout.length
     policy = make_policy(jacobi.window) if policy is None else policy
     policy.begin(model, session, sampling.uses_cfg)
+    if policy.plain_ar():
+        res = autoregressive_decode(model, session, sampling, generators, progress)
+        hist = torch.zeros(batch, policy.max_window, dtype=torch.long, device=model.device)
+        hist[:, 0] = res.iterations
+        return dataclasses.replace(res, accept_hist=hist,
+                                   mean_window=torch.ones(batch, device=model.device))
     vocab, window, dev = model.vocab_size, policy.max_window, model.device
     slots = torch.arange(window, device=dev)
     forced = torch.cat([model.layout.forced.to(dev), torch.full((window,), -1, device=dev)])

@@ -77,6 +77,11 @@ class WindowPolicy:
         """-> window per active image [b] (long)."""
         return torch.full_like(act, self.max_window)
 
+    def plain_ar(self) -> bool:
+        """True when this policy would never speculate: the loop then decodes autoregressively
+        (a window of 1 in the Jacobi loop costs the same forward plus its bookkeeping)."""
+        return False
+
     def observe(self, act: torch.Tensor, window: torch.Tensor, outputs: torch.Tensor,
                 accepted: torch.Tensor) -> None:
         """Told each active image's window, usable outputs and accepted drafts this iteration."""
@@ -132,6 +137,13 @@ class AutoWindow(WindowPolicy):
         self.h0[0] = self.prior
         self.at_risk = torch.zeros(batch, n_buckets, device=device)
         self.events = torch.zeros(batch, n_buckets, device=device)
+        # Before anything is observed every image holds the prior; if even then no window
+        # beats a single token per cost (a compute-bound batch), speculation cannot start.
+        self._never = bool((self.choose(torch.zeros(1, dtype=torch.long, device=device)) == 1)
+                           .all())
+
+    def plain_ar(self) -> bool:
+        return self._never
 
     def survival(self, act: torch.Tensor) -> torch.Tensor:
         """[b, max_window] chance that drafts 0..j are all accepted, per active image."""
