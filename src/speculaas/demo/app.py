@@ -155,6 +155,7 @@ def run_request(model, req: dict, watch: _Watch | None = None) -> dict:  # noqa:
             "image": _png(out.images[0]),
             "acceptance_map": _png(_heat(runs_map, 1, max(int(runs_map.max()), 2), "viridis")),
             "entropy_map": _png(_heat(ent, 0, max(float(ent.max()), 1e-3), "magma")),
+            "order_map": _png(_heat(steps.numpy(), 0, max(int(steps.max()), 1), "cividis")),
             "forward_passes": int(out.forward_passes[0]),
             "tokens": n,
             "step_compression": round(n / int(out.forward_passes[0]), 2),
