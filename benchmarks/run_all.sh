@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Regenerate every number and picture in docs/ on the built-in model (about 35 minutes on
+# Regenerate every number and picture in docs/ on the built-in model (about 55 minutes on
 # 2 CPU cores). Each step writes its log beside its outputs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-mkdir -p docs/bench docs/drafting docs/drafting-long
+mkdir -p docs/bench docs/bench-rows docs/drafting docs/drafting-long
 python benchmarks/builtin_report.py --out docs --sweep | tee docs/builtin_report.log
 python benchmarks/compare_methods.py --out docs/bench | tee docs/bench/compare.log
 python benchmarks/drafting.py --prompts 8 --seeds 2 --rules sjd,csd:delta=0.65 \
@@ -15,3 +15,4 @@ python benchmarks/drafting.py --prompts 8 --seeds 2 \
 python benchmarks/gpu_latency.py --device cpu --batches 1,8 --windows 8,16,auto --repeats 2 \
     | tee docs/latency_cpu.log
 python benchmarks/batch_scaling.py --images 16 | tee docs/batch_scaling.log
+python benchmarks/rows.py --out docs/bench-rows | tee docs/bench-rows/rows.log

@@ -31,10 +31,12 @@ _COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def measure_cost_curve(model, session: Session, cfg: bool, windows: tuple[int, ...],  # noqa: ANN001
                        repeats: int = 3) -> dict[int, float]:
-    """Median wall time of one forward of each window size for this batch, in seconds, with
-    the target-probability work included. Runs on the decode's own session at offset 0: what a
-    window writes past a committed prefix never influences later results (the Session
-    contract), so the measurement leaves no trace."""
+    """Median wall time of one iteration at each window size for this batch, in seconds: the
+    forward with its target-probability work, and for W > 1 the verification and redrafting
+    of the window (sjd with maximal coupling on the window's own targets), which is what a
+    speculative iteration costs beyond an AR step. Runs on the decode's own session at offset
+    0: what a window writes past a committed prefix never influences later results (the
+    Session contract), so the measurement leaves no trace."""
     key = (session.batch_size, cfg)
     cached = _COSTS.setdefault(model, {}).get(key)
     if cached is not None and all(w in cached for w in windows):
@@ -53,13 +55,33 @@ def measure_cost_curve(model, session: Session, cfg: bool, windows: tuple[int, .
                     torch.cuda.synchronize(dev)
                 t0 = time.perf_counter()
                 cond, uncond = session.forward(inputs, start, images)
-                target_probs(cond, uncond, sampling).cumsum(-1)
+                q = target_probs(cond, uncond, sampling)
+                if w > 1:
+                    _verify_like_a_window(q, inputs, images, start, w)
+                else:
+                    q.cumsum(-1)
                 if dev.type == "cuda":
                     torch.cuda.synchronize(dev)
                 times.append(time.perf_counter() - t0)
             costs[w] = statistics.median(times)
     _COSTS[model][key] = {**(cached or {}), **costs}
     return {w: costs[w] for w in windows}
+
+
+def _verify_like_a_window(q: torch.Tensor, inputs: torch.Tensor, images: torch.Tensor,
+                          start: torch.Tensor, w: int) -> None:
+    """The per-iteration work of the Jacobi loop after the forward, on stand-in drafts."""
+    from ..acceptance import get
+    from .drafting import Maximal
+    from .jacobi import verify_window
+
+    b, dev = len(images), q.device
+    drafts = inputs[:, 1:]
+    rnd = torch.rand(b, 3 * w + 1, device=dev)
+    outputs = torch.full((b,), w, device=dev)
+    pos = start[:, None] + torch.arange(w, device=dev)
+    verify_window(get("sjd"), Maximal(q.shape[-1], [], dev), images, drafts, q[:, :-1], q, pos,
+                  outputs, rnd, w)
 
 
 class WindowPolicy:
