@@ -16,3 +16,4 @@ python benchmarks/gpu_latency.py --device cpu --batches 1,8 --windows 8,16,auto 
     | tee docs/latency_cpu.log
 python benchmarks/batch_scaling.py --images 16 | tee docs/batch_scaling.log
 python benchmarks/rows.py --out docs/bench-rows | tee docs/bench-rows/rows.log
+python benchmarks/rows_picture.py --out docs/rows_map.png
