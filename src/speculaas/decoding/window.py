@@ -24,6 +24,10 @@ from ..models.base import Session
 from ..sampling import target_probs
 
 CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+# Prior rejection hazards of slot buckets {0}, {1,2}, {3..6}, {7..14}, deeper: fitted to the
+# accepted-length histograms of sjd and csd at window 16 on the built-in model (hazard at the
+# first draft 0.55-0.60, then 0.21-0.28, 0.13-0.17, 0.19-0.22; docs/bench/results).
+PRIOR_HAZARDS = (0.6, 0.25, 0.15, 0.2)
 
 # model -> {(batch, cfg): {window: seconds}}; measured once per process.
 _COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -123,8 +127,8 @@ class AutoWindow(WindowPolicy):
     h(j) = P(draft j rejected | drafts before it accepted), estimated per image like a
     survival curve with censoring (a window of W observes slots up to W - 2 only), in slot
     buckets {0}, {1, 2}, {3..6}, {7..14}, ... so deep slots share evidence, under Beta priors
-    of mean `prior` (slot 0) and `deep_prior` (the rest) and weight 2, counts decayed by
-    `decay` per iteration (the content changes along the image). Unlike one acceptance rate
+    of means `prior` (one per bucket, the last one for all deeper buckets) and weight 2,
+    counts decayed by `decay` per iteration (the content changes along the image). Unlike one acceptance rate
     with geometric decay, the hazards see that accepted drafts come in bursts: a rejection is
     likely at the first draft and rare once a run has started (whole rows under vertical
     drafts), which is what makes long windows pay.
@@ -137,10 +141,10 @@ class AutoWindow(WindowPolicy):
 
     def __init__(self, max_window: int = 64, candidates: tuple[int, ...] = CANDIDATES,
                  cost: dict[int, float] | None = None, decay: float = 0.9,
-                 prior: float = 0.5, deep_prior: float = 0.15) -> None:
+                 prior: tuple[float, ...] = PRIOR_HAZARDS, margin: float = 1.1) -> None:
         super().__init__(max_window)
         self.candidates = tuple(w for w in candidates if w <= max_window) or (max_window,)
-        self.cost, self.decay, self.prior, self.deep_prior = cost, decay, prior, deep_prior
+        self.cost, self.decay, self.prior, self.margin = cost, decay, tuple(prior), margin
 
     def begin(self, model, session: Session, cfg: bool) -> None:  # noqa: ANN001
         super().begin(model, session, cfg)
@@ -155,14 +159,16 @@ class AutoWindow(WindowPolicy):
         bucket = torch.floor(torch.log2(slots + 1.0)).long()  # 0 | 1-2 | 3-6 | 7-14 | ...
         self.to_bucket = torch.nn.functional.one_hot(bucket).float()  # [slots, buckets]
         n_buckets = self.to_bucket.shape[1]
-        self.h0 = torch.full((n_buckets,), self.deep_prior, device=device)
-        self.h0[0] = self.prior
+        prior = self.prior + (self.prior[-1],) * max(0, n_buckets - len(self.prior))
+        self.h0 = torch.tensor(prior[:n_buckets], device=device)
         self.at_risk = torch.zeros(batch, n_buckets, device=device)
         self.events = torch.zeros(batch, n_buckets, device=device)
         # Before anything is observed every image holds the prior; if even then no window
-        # beats a single token per cost (a compute-bound batch), speculation cannot start.
-        self._never = bool((self.choose(torch.zeros(1, dtype=torch.long, device=device)) == 1)
-                           .all())
+        # beats a single token per cost by `margin` (the loop's bookkeeping beyond the measured
+        # forward and verification), speculation cannot pay here: a compute-bound batch.
+        gain = self._gain(torch.zeros(1, dtype=torch.long, device=device))[0]
+        single = gain[self.cand == 1].max() if bool((self.cand == 1).any()) else gain.min()
+        self._never = bool(gain.max() <= self.margin * single)
 
     def plain_ar(self) -> bool:
         return self._never
@@ -173,11 +179,14 @@ class AutoWindow(WindowPolicy):
         per_slot = hazard @ self.to_bucket.T  # [b, slots]
         return torch.cumprod(1 - per_slot.clamp(max=1.0), 1)
 
-    def choose(self, act: torch.Tensor) -> torch.Tensor:
+    def _gain(self, act: torch.Tensor) -> torch.Tensor:
+        """[b, candidates] expected tokens per second of each candidate window."""
         gained = torch.cat([torch.ones_like(act[:, None], dtype=torch.float32),
                             1 + self.survival(act).cumsum(1)], 1)  # E(W) for W = 1, 2, ...
-        expected = gained[:, self.cand - 1]  # [b, candidates]
-        return self.cand[(expected / self.t).argmax(1)]
+        return gained[:, self.cand - 1] / self.t
+
+    def choose(self, act: torch.Tensor) -> torch.Tensor:
+        return self.cand[self._gain(act).argmax(1)]
 
     def observe(self, act: torch.Tensor, window: torch.Tensor, outputs: torch.Tensor,
                 accepted: torch.Tensor) -> None:
