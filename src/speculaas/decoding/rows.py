@@ -80,8 +80,8 @@ def row_jacobi_decode(
 ) -> DecodeResult:
     batch, length = session.batch_size, model.layout.length
     n_rows, cols = model.layout.grid
-    window, ctx, vocab, dev = int(jacobi.window), int(jacobi.row_context), model.vocab_size, \
-        model.device
+    window, ctx = int(jacobi.window), int(jacobi.row_context)
+    vocab, dev = model.vocab_size, model.device
     per = 3 * window + 1  # uniforms per verified segment: accept, coupling, extra, fresh
     dump = length + window  # column that absorbs writes of slots that commit nothing
     width = dump + 1
