@@ -118,9 +118,7 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
     policy = window if isinstance(window, WindowPolicy) else None
     jacobi = JacobiConfig(window=policy.max_window if policy else window, draft_init=draft_init,
                           coupling=coupling, advance=advance, row_context=row_context)
-    check_row_context(model, jacobi, speculative=rule is not None)
-    if row_context is not None and policy is not None and type(policy) is not WindowPolicy:
-        raise ValueError(f"row_context needs a fixed window; got the policy {policy!r}")
+    check_row_context(model, jacobi, speculative=rule is not None, policy=policy)
     gens = generators_for(model, seed, len(prompts))
     bar = None
     if hasattr(progress, "update"):  # the caller's own progress object (update(n), close())

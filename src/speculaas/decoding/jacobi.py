@@ -21,13 +21,13 @@ import time
 import torch
 
 from ..acceptance.base import AcceptanceRule
-from ..acceptance.functional import entropy, first_rejection
+from ..acceptance.functional import first_rejection
 from ..config import JacobiConfig, SamplingConfig
 from ..models.base import ImageModel, Session
 from ..sampling import sample_with_uniform, target_probs
 from .autoregressive import autoregressive_decode
 from .drafting import COUPLINGS, FRESH_INITS, Coupling, FreshSlots, Tail
-from .result import DecodeResult, draw
+from .result import Commits, DecodeResult, draw
 from .window import WindowPolicy, make_policy
 
 
@@ -61,10 +61,8 @@ def jacobi_decode(
     slots = torch.arange(window, device=dev)
     forced = torch.cat([model.layout.forced.to(dev), torch.full((window,), -1, device=dev)])
     dump = length + window  # column that absorbs writes of uncommitted slots
-    seq = torch.zeros(batch, dump + 1, dtype=torch.long, device=dev)
-    commit_step = torch.full((batch, dump + 1), -1, dtype=torch.long, device=dev)
-    drafted = torch.zeros(batch, dump + 1, dtype=torch.bool, device=dev)
-    ent = torch.zeros(batch, dump + 1, device=dev)
+    record = Commits(batch, dump, dev)
+    seq = record.tokens
     n = torch.zeros(batch, dtype=torch.long, device=dev)
     n_recycled = torch.zeros(batch, dtype=torch.long, device=dev)
     drafts = torch.zeros(batch, max(window - 1, 1), dtype=torch.long, device=dev)
@@ -130,11 +128,7 @@ def jacobi_decode(
             limit, out_dist = acc, y_dist
         keep = j <= limit[:, None]
         init.committed(act, pos, keep, q)
-        cols = torch.where(keep, pos, dump)
-        seq[act[:, None], cols] = out_tok
-        commit_step[act[:, None], cols] = it
-        drafted[act[:, None], cols] = j < acc[:, None]
-        ent[act[:, None], cols] = entropy(q)
+        record.write(act, pos, keep, out_tok, it, j < acc[:, None], q)
 
         src = (limit[:, None] + 1 + slots[: drafts.shape[1]]).clamp(max=L - 1)
         drafts[act] = out_tok.gather(1, src)
@@ -148,17 +142,9 @@ def jacobi_decode(
         if progress is not None:
             progress.update(int((limit + 1).clamp(max=length - na).sum()))
 
-    return DecodeResult(
-        tokens=seq[:, :length],
-        forward_passes=forward_passes,
-        commit_step=commit_step[:, :length],
-        drafted=drafted[:, :length],
-        entropy=ent[:, :length],
-        accept_hist=hist,
-        iterations=it,
-        rule_seconds=rule_seconds,
-        mean_window=policy.mean_window(),
-    )
+    return record.result(length, forward_passes=forward_passes, accept_hist=hist,
+                         iterations=it, rule_seconds=rule_seconds,
+                         mean_window=policy.mean_window())
 
 
 def verify_window(rule: AcceptanceRule, coupling: Coupling, act: torch.Tensor, d: torch.Tensor,

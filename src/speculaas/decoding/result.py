@@ -48,6 +48,37 @@ class DecodeResult:
                    mean_window=cat("mean_window"))
 
 
+class Commits:
+    """What both Jacobi loops record per generated position, with one spare column `dump` at the
+    end that absorbs the writes of slots that commit nothing: the token, the iteration that
+    committed it (-1: not yet), whether it was an accepted draft, and the target's entropy."""
+
+    def __init__(self, batch: int, dump: int, device: torch.device) -> None:
+        self.dump = dump
+        self.tokens = torch.zeros(batch, dump + 1, dtype=torch.long, device=device)
+        self.step = torch.full((batch, dump + 1), -1, dtype=torch.long, device=device)
+        self.drafted = torch.zeros(batch, dump + 1, dtype=torch.bool, device=device)
+        self.entropy = torch.zeros(batch, dump + 1, device=device)
+
+    def write(self, images: torch.Tensor, pos: torch.Tensor, keep: torch.Tensor,
+              tokens: torch.Tensor, iteration: int, drafted: torch.Tensor,
+              target_probs: torch.Tensor) -> None:
+        """Commit tokens [b, L] at positions pos [b, L] of images [b] where keep [b, L]."""
+        from ..acceptance.functional import entropy
+
+        rows, cols = images[:, None], torch.where(keep, pos, self.dump)
+        self.tokens[rows, cols] = tokens
+        self.step[rows, cols] = iteration
+        self.drafted[rows, cols] = drafted
+        self.entropy[rows, cols] = entropy(target_probs)
+
+    def result(self, length: int, **counts) -> DecodeResult:  # noqa: ANN003
+        """The DecodeResult of the first `length` positions; counts: its remaining fields."""
+        return DecodeResult(tokens=self.tokens[:, :length], commit_step=self.step[:, :length],
+                            drafted=self.drafted[:, :length],
+                            entropy=self.entropy[:, :length], **counts)
+
+
 def draw(generators: list[torch.Generator], rows: torch.Tensor, count: int,
          device: torch.device) -> torch.Tensor:
     """[len(rows), count] uniforms, row i from the generator of image rows[i].

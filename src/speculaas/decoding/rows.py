@@ -32,17 +32,19 @@ from __future__ import annotations
 import torch
 
 from ..acceptance.base import AcceptanceRule
-from ..acceptance.functional import entropy
 from ..config import JacobiConfig, SamplingConfig
 from ..models.base import ImageModel, Session
 from ..sampling import target_probs
 from .drafting import COUPLINGS, FRESH_INITS, FreshSlots
 from .jacobi import verify_window
-from .result import DecodeResult, draw_ragged
+from .window import WindowPolicy
+from .result import Commits, DecodeResult, draw_ragged
 
 
-def check_row_context(model: ImageModel, jacobi: JacobiConfig, speculative: bool) -> None:
-    """Raise ValueError if `row_context` cannot run with this model and these options."""
+def check_row_context(model: ImageModel, jacobi: JacobiConfig, speculative: bool,
+                      policy: WindowPolicy | None = None) -> None:
+    """Raise ValueError if `row_context` cannot run with this model and these options
+    (`policy`: a window policy object given in place of a window size)."""
     c = jacobi.row_context
     if c is None:
         return
@@ -59,9 +61,10 @@ def check_row_context(model: ImageModel, jacobi: JacobiConfig, speculative: bool
     if not model.packed_forward:
         raise ValueError(f"row_context: the {model.name} adapter cannot feed several rows with "
                          "a row-causal mask in one forward (builtin, tiny and llamagen can)")
-    if not isinstance(jacobi.window, int):
+    if not isinstance(jacobi.window, int) or (policy is not None
+                                              and type(policy) is not WindowPolicy):
         raise ValueError("row_context needs a fixed integer window (each active row gets one); "
-                         f"got window={jacobi.window!r}")
+                         f"got window={policy if policy is not None else jacobi.window!r}")
     if jacobi.advance != "per_image":
         raise ValueError("row_context advances each row on its own; advance='batch_min' does "
                          "not apply")
@@ -86,16 +89,13 @@ def row_jacobi_decode(
     dump = length + window  # column that absorbs writes of slots that commit nothing
     width = dump + 1
 
-    seq = torch.zeros(batch, width, dtype=torch.long, device=dev)
-    done = torch.zeros(batch, width, dtype=torch.bool, device=dev)
+    record = Commits(batch, dump, dev)
+    seq = record.tokens
     # cached[:, g + 1]: the cache holds the key of generated position g (g = -1: prompt end).
     cached = torch.zeros(batch, width + 1, dtype=torch.bool, device=dev)
     draft_tok = torch.zeros(batch, width, dtype=torch.long, device=dev)
     draft_law = torch.zeros(batch, width, vocab, device=dev)
     has_draft = torch.zeros(batch, width, dtype=torch.bool, device=dev)
-    commit_step = torch.full((batch, width), -1, dtype=torch.long, device=dev)
-    drafted = torch.zeros(batch, width, dtype=torch.bool, device=dev)
-    ent = torch.zeros(batch, width, device=dev)
     forward_passes = torch.zeros(batch, dtype=torch.long, device=dev)
     hist = torch.zeros(batch, window, dtype=torch.long, device=dev)
     init = FRESH_INITS[jacobi.draft_init](vocab, cols, batch, dev)
@@ -106,7 +106,8 @@ def row_jacobi_decode(
     rule_seconds, it = 0.0, 0
 
     while True:
-        count = done[:, :length].view(batch, n_rows, cols).sum(-1)  # committed per row
+        done = record.step[:, :length] >= 0
+        count = done.view(batch, n_rows, cols).sum(-1)  # committed per row
         act = (count.sum(1) < length).nonzero().squeeze(1)
         if act.numel() == 0:
             break
@@ -213,12 +214,7 @@ def row_jacobi_decode(
         keep = j <= limit[:, None]
         init.committed(img, pos, keep, q)
         rows_g = img[:, None]
-        cols_keep = torch.where(keep, pos, dump)
-        seq[rows_g, cols_keep] = out_tok
-        done[rows_g, cols_keep] = True
-        commit_step[rows_g, cols_keep] = it
-        drafted[rows_g, cols_keep] = j < acc[:, None]
-        ent[rows_g, cols_keep] = entropy(q)
+        record.write(img, pos, keep, out_tok, it, j < acc[:, None], q)
         # Keys now in the cache: every real anchor, every accepted draft (both were fed).
         cached[img, torch.where(seg_real, seg_anchor + 1, width)] = True
         cached[rows_g, torch.where((j < acc[:, None]) & keep, pos + 1, width)] = True
@@ -237,14 +233,6 @@ def row_jacobi_decode(
         if progress is not None:
             progress.update(int(keep.sum()))
 
-    return DecodeResult(
-        tokens=seq[:, :length],
-        forward_passes=forward_passes,
-        commit_step=commit_step[:, :length],
-        drafted=drafted[:, :length],
-        entropy=ent[:, :length],
-        accept_hist=hist,
-        iterations=it,
-        rule_seconds=rule_seconds,
-        mean_window=torch.full((batch,), float(window), device=dev),
-    )
+    return record.result(length, forward_passes=forward_passes, accept_hist=hist,
+                         iterations=it, rule_seconds=rule_seconds,
+                         mean_window=torch.full((batch,), float(window), device=dev))
