@@ -13,8 +13,9 @@ from speculaas.config import JacobiConfig, SamplingConfig
 from speculaas.decoding import jacobi_decode
 from speculaas.decoding.window import AutoWindow, measure_cost_curve
 
-# A cost curve under which the best window depends on the acceptance seen so far.
+# A cost curve and prior under which the best window depends on the acceptance seen so far.
 CURVE = {1: 1.0, 2: 1.25, 3: 1.6, 4: 2.2}
+PRIOR = {1: 1.0, 4: 2.5}
 
 
 @pytest.mark.parametrize("coupling", ["none", "maximal"])
@@ -23,7 +24,8 @@ def test_auto_window_is_lossless(coupling):
     sampling = SamplingConfig()
     counts, windows = Counter(), []
     for start in range(0, N_SAMPLES, 6000):
-        policy = AutoWindow(max_window=4, candidates=(1, 2, 3, 4), cost=CURVE)
+        policy = AutoWindow(max_window=4, candidates=(1, 2, 3, 4), cost=CURVE, prior=PRIOR,
+                            strength=2.0, stickiness=1.0)  # quick to react
         res = jacobi_decode(toy, toy.start([None] * 6000, cfg=False), sp.acceptance.get("sjd"),
                             sampling, JacobiConfig(window=4, coupling=coupling),
                             generators_for(toy, start, 6000), policy=policy)
@@ -76,3 +78,25 @@ def test_auto_window_is_reproducible_within_a_process(tiny):
     a = sp.generate(tiny, [1, 2], method="csd", window="auto", seed=4, decode_images=False)
     b = sp.generate(tiny, [1, 2], method="csd", window="auto", seed=4, decode_images=False)
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.mean_window, b.mean_window)
+
+
+def test_auto_window_shortens_for_rejecting_images_and_retries(tiny):
+    policy = AutoWindow(max_window=16, candidates=(1, 4, 16), cost={1: 1.0, 4: 1.6, 16: 3.0},
+                        prior={1: 1.0, 4: 1.8, 16: 3.6}, stickiness=1.0, strength=4.0,
+                        decay=0.9)
+    policy.begin(tiny, tiny.start([1, 2], cfg=False), cfg=False)
+    act, one = torch.tensor([0]), torch.tensor([1])
+    assert policy.choose(act).tolist() == [16]  # at the prior: 3.6 / 3.0 beats 1.8 / 1.6 and 1
+    for _ in range(10):  # image 0 keeps rejecting its first draft
+        policy.observe(act, torch.tensor([16]), torch.tensor([16]), torch.tensor([0]))
+    assert policy.choose(act).tolist() == [1]
+    assert policy.choose(one).tolist() == [16]  # image 1 has its own record
+    # Both together: one window for the batch, the one that serves the two best in sum
+    # (image 0 expects 1.49 tokens at W = 16, image 1 3.6: (1.49 + 3.6) / 3.0 < 2 / 1.0).
+    assert policy.choose(torch.tensor([0, 1])).tolist() == [1, 1]
+    for _ in range(40):  # a single-token iteration verifies nothing: back towards the prior
+        policy.observe(act, torch.tensor([1]), torch.tensor([1]), torch.tensor([0]))
+    assert policy.choose(act).tolist() == [16]
+    for _ in range(10):  # runs of accepted drafts well above the prior keep the long window
+        policy.observe(act, torch.tensor([16]), torch.tensor([16]), torch.tensor([12]))
+    assert policy.content(act).item() > 2 and policy.choose(act).tolist() == [16]

@@ -50,7 +50,7 @@ def jacobi_decode(
 ) -> DecodeResult:
     batch, length = session.batch_size, model.layout.length
     policy = make_policy(jacobi.window) if policy is None else policy
-    policy.begin(model, session, sampling.uses_cfg)
+    policy.begin(model, session, sampling.uses_cfg, lossless=rule.lossless)
     if policy.plain_ar():
         res = autoregressive_decode(model, session, sampling, generators, progress)
         hist = torch.zeros(batch, policy.max_window, dtype=torch.long, device=model.device)

@@ -2,10 +2,10 @@
 
 A fixed window is the classic choice, but the right one depends on the hardware: on a 2-core CPU
 a 64-slot forward of the built-in model costs ~2.6 AR steps, on a GPU a 7B model's 64-slot
-forward costs about one. `AutoWindow` measures the cost curve t(W) of a window forward (once per
-model, batch size and guidance setting, then cached) and, every iteration and for every image,
-picks the W that maximises expected committed tokens per second, E_i(W) / t(W), from that
-image's running acceptance statistics.
+forward costs about one. `AutoWindow` measures the cost curve t(W) of an iteration (once per
+model, batch size and guidance setting, then cached) and, every iteration, picks the W that
+maximises the batch's expected committed tokens per second, from a measured prior of what each
+window commits and each image's running acceptance.
 
 The choice only ever depends on what has already been committed and verified, never on the
 drafts it keeps or drops, so every lossless rule stays lossless (tested on the toy model).
@@ -24,10 +24,16 @@ from ..models.base import Session
 from ..sampling import target_probs
 
 CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-# Prior rejection hazards of slot buckets {0}, {1,2}, {3..6}, {7..14}, deeper: fitted to the
-# accepted-length histograms of sjd and csd at window 16 on the built-in model (hazard at the
-# first draft 0.55-0.60, then 0.21-0.28, 0.13-0.17, 0.19-0.22; docs/bench/results).
-PRIOR_HAZARDS = (0.6, 0.25, 0.15, 0.2)
+# Prior committed tokens per iteration E(W) of a decode that keeps the window W: the step
+# compression of sjd (lossless rules) and csd at delta 0.65 (relaxed rules), default drafting,
+# on 16 built-in captions no benchmark uses x 2 seeds (`python benchmarks/window_prior.py`,
+# docs/window_prior.log).
+PRIOR_TOKENS = {
+    "lossless": {1: 1.0, 2: 1.3, 3: 1.51, 4: 1.69, 6: 1.97, 8: 2.2, 12: 2.57, 16: 2.83,
+                 24: 3.1, 32: 3.35, 48: 3.46, 64: 3.59},
+    "relaxed": {1: 1.0, 2: 1.36, 3: 1.66, 4: 1.89, 6: 2.32, 8: 2.64, 12: 3.13, 16: 3.57,
+                24: 3.94, 32: 4.4, 48: 4.44, 64: 4.56},
+}
 
 # model -> {(batch, cfg): {window: seconds}}; measured once per process.
 _COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -94,7 +100,9 @@ class WindowPolicy:
     def __init__(self, window: int) -> None:
         self.max_window = window
 
-    def begin(self, model, session: Session, cfg: bool) -> None:  # noqa: ANN001
+    def begin(self, model, session: Session, cfg: bool, lossless: bool = True) -> None:  # noqa: ANN001
+        """Called once per decode; `lossless`: whether the rule is exact (policies with priors
+        per kind of rule use it)."""
         batch, device = session.batch_size, model.device
         self.windows_sum = torch.zeros(batch, device=device)
         self.iterations = torch.zeros(batch, device=device)
@@ -120,83 +128,106 @@ class WindowPolicy:
 
 
 class AutoWindow(WindowPolicy):
-    """Compute-aware window: argmax over W of E_i(W) / t(W) per image and iteration.
+    """Compute-aware window: the W that maximises the batch's expected committed tokens per
+    second, sum_i E_i(W) / t(W).
 
-    E_i(W) = 1 + sum_{j < W - 1} S_i(j), the expected tokens a window of W commits, where S_i(j)
-    is the chance that drafts 0..j are all accepted. S_i comes from per-slot rejection hazards
-    h(j) = P(draft j rejected | drafts before it accepted), estimated per image like a
-    survival curve with censoring (a window of W observes slots up to W - 2 only), in slot
-    buckets {0}, {1, 2}, {3..6}, {7..14}, ... so deep slots share evidence, under Beta priors
-    of means `prior` (one per bucket, the last one for all deeper buckets) and weight 2,
-    counts decayed by `decay` per iteration (the content changes along the image). Unlike one acceptance rate
-    with geometric decay, the hazards see that accepted drafts come in bursts: a rejection is
-    likely at the first draft and rare once a run has started (whole rows under vertical
-    drafts), which is what makes long windows pay.
-    t(W) is the measured cost of a window forward with its target-probability work. The choice
-    depends only on that curve and on the image's own history, so with the curve fixed (cached
-    for the process, or given as `cost`) the same seed gives the same image; across machines
-    the measured curve, and so the windows, may differ (lossless rules stay exact either way).
-    `cost`: a measured or given curve {window: seconds}; None measures it on first use.
+    t(W) is the measured cost of one iteration at window W for this batch (forward with its
+    target-probability work, verification and redrafting; `measure_cost_curve`). E_i(W) =
+    1 + r_i (E(W) - 1): E(W) is the prior tokens per iteration of a decode that keeps window W
+    (`PRIOR_TOKENS` for lossless or relaxed rules, interpolated between the windows listed and
+    flat after the last), r_i how image i's accepted drafts compare with what the prior expects
+    at the windows it got: a ratio of sums decayed by `decay` per iteration and shrunk towards 1
+    by `strength` pseudo-iterations. The batch keeps its window until another one promises
+    `stickiness` times its rate. A run of rejections (r < 1) shortens the window, down to
+    W = 1; a single-token iteration verifies nothing, so r decays back towards 1 and the long
+    window returns.
+
+    Why a prior measured at fixed windows and not per-slot acceptance measured online: a draft
+    is refined once per iteration it spends in the window before it is verified, so what a
+    short window observes is far below what the same slot reaches in a long one (sjd: 1.13
+    tokens per iteration for a policy hovering around W = 2, 2.83 at a fixed 16), and a policy
+    that trusts its short-window statistics talks itself into short windows. Quick reactions
+    do not pay either: acceptance comes in bursts (a whole row of sky, then a rejection at the
+    first draft), so the evidence is weighted over tens of iterations. One W for the whole
+    batch: the forward is as wide as its widest window anyway.
+
+    If at the prior no window beats a single token per second by `margin` (the loop's
+    bookkeeping beyond the measured iteration), the decode is plain AR (`plain_ar`): a
+    compute-bound batch, or a rule whose acceptance cannot pay for the window on this machine.
+    The choice depends only on the cost curve and on what was already verified, never on the
+    drafts it keeps or drops, so every lossless rule stays lossless (tested on the toy model).
+    With the curve fixed (cached per process, or given as `cost`) the same seeds and batch give
+    the same images; across machines the measured curve, and so the windows, may differ.
+    `prior`: a table {W: tokens per iteration} used whatever the rule; None: PRIOR_TOKENS.
     """
 
     def __init__(self, max_window: int = 64, candidates: tuple[int, ...] = CANDIDATES,
-                 cost: dict[int, float] | None = None, decay: float = 0.9,
-                 prior: tuple[float, ...] = PRIOR_HAZARDS, margin: float = 1.1) -> None:
+                 cost: dict[int, float] | None = None, prior: dict[int, float] | None = None,
+                 decay: float = 0.95, strength: float = 16.0, stickiness: float = 1.1,
+                 margin: float = 1.1) -> None:
         super().__init__(max_window)
         self.candidates = tuple(w for w in candidates if w <= max_window) or (max_window,)
-        self.cost, self.decay, self.prior, self.margin = cost, decay, tuple(prior), margin
+        self.cost, self.prior = cost, None if prior is None else dict(prior)
+        self.decay, self.strength, self.stickiness, self.margin = (decay, strength, stickiness,
+                                                                    margin)
 
-    def begin(self, model, session: Session, cfg: bool) -> None:  # noqa: ANN001
+    def begin(self, model, session: Session, cfg: bool, lossless: bool = True) -> None:  # noqa: ANN001
         super().begin(model, session, cfg)
         batch, device = session.batch_size, model.device
         curve = self.cost if self.cost is not None else measure_cost_curve(
             model, session, cfg, self.candidates)
+        prior = self.prior or PRIOR_TOKENS["lossless" if lossless else "relaxed"]
         self.curve = curve
         self.cand = torch.tensor(self.candidates, device=device)
         self.t = torch.tensor([curve[w] for w in self.candidates], device=device,
                               dtype=torch.float32)
-        slots = torch.arange(self.max_window, device=device)
-        bucket = torch.floor(torch.log2(slots + 1.0)).long()  # 0 | 1-2 | 3-6 | 7-14 | ...
-        self.to_bucket = torch.nn.functional.one_hot(bucket).float()  # [slots, buckets]
-        n_buckets = self.to_bucket.shape[1]
-        prior = self.prior + (self.prior[-1],) * max(0, n_buckets - len(self.prior))
-        self.h0 = torch.tensor(prior[:n_buckets], device=device)
-        self.at_risk = torch.zeros(batch, n_buckets, device=device)
-        self.events = torch.zeros(batch, n_buckets, device=device)
-        # Before anything is observed every image holds the prior; if even then no window
-        # beats a single token per cost by `margin` (the loop's bookkeeping beyond the measured
-        # forward and verification), speculation cannot pay here: a compute-bound batch.
-        gain = self._gain(torch.zeros(1, dtype=torch.long, device=device))[0]
-        single = gain[self.cand == 1].max() if bool((self.cand == 1).any()) else gain.min()
-        self._never = bool(gain.max() <= self.margin * single)
+        self.e0 = torch.tensor([prior_tokens(prior, w) for w in self.candidates],
+                               device=device)
+        self.seen = torch.zeros(batch, device=device)  # decayed accepted drafts
+        self.expected = torch.zeros(batch, device=device)  # decayed prior expectation
+        gain = self._gain(torch.arange(batch, device=device))
+        self.current = int(gain.argmax())  # index into candidates
+        self._never = bool(gain.max() <= self.margin * gain[self.cand.argmin()])
 
     def plain_ar(self) -> bool:
         return self._never
 
-    def survival(self, act: torch.Tensor) -> torch.Tensor:
-        """[b, max_window] chance that drafts 0..j are all accepted, per active image."""
-        hazard = (self.events[act] + 2 * self.h0) / (self.at_risk[act] + 2)
-        per_slot = hazard @ self.to_bucket.T  # [b, slots]
-        return torch.cumprod(1 - per_slot.clamp(max=1.0), 1)
+    def content(self, act: torch.Tensor) -> torch.Tensor:
+        """[b] accepted drafts relative to the prior's expectation (1: as the prior)."""
+        return (self.seen[act] + self.strength) / (self.expected[act] + self.strength)
 
     def _gain(self, act: torch.Tensor) -> torch.Tensor:
-        """[b, candidates] expected tokens per second of each candidate window."""
-        gained = torch.cat([torch.ones_like(act[:, None], dtype=torch.float32),
-                            1 + self.survival(act).cumsum(1)], 1)  # E(W) for W = 1, 2, ...
-        return gained[:, self.cand - 1] / self.t
+        """[candidates] expected committed tokens per second of the active images together."""
+        tokens = 1 + self.content(act)[:, None] * (self.e0 - 1)  # [b, candidates]
+        return tokens.sum(0) / self.t
 
     def choose(self, act: torch.Tensor) -> torch.Tensor:
-        return self.cand[self._gain(act).argmax(1)]
+        gain = self._gain(act)
+        best = int(gain.argmax())
+        if gain[best] > self.stickiness * gain[self.current]:
+            self.current = best
+        return self.cand[self.current].expand_as(act)
 
     def observe(self, act: torch.Tensor, window: torch.Tensor, outputs: torch.Tensor,
                 accepted: torch.Tensor) -> None:
         super().observe(act, window, outputs, accepted)
-        slots = torch.arange(self.max_window, device=act.device)
-        drafts = (outputs - 1).clamp(min=0)[:, None]  # slots verified at most
-        risk = slots < torch.minimum(accepted[:, None] + 1, drafts)
-        event = (slots == accepted[:, None]) & (accepted[:, None] < drafts)
-        self.at_risk[act] = self.at_risk[act] * self.decay + risk.float() @ self.to_bucket
-        self.events[act] = self.events[act] * self.decay + event.float() @ self.to_bucket
+        # Near the end of an image fewer slots are usable: expect what the largest candidate
+        # that fits would commit.
+        fits = (self.cand[None] <= outputs[:, None]).sum(1).clamp(min=1) - 1
+        self.seen[act] = self.seen[act] * self.decay + accepted.float()
+        self.expected[act] = self.expected[act] * self.decay + (self.e0[fits] - 1)
+
+
+def prior_tokens(prior: dict[int, float], window: int) -> float:
+    """E(window) from a table {W: tokens per iteration}: linear between listed windows, flat
+    after the last (a window longer than any measured one is assumed to gain nothing more)."""
+    ws = sorted(prior)
+    if window <= ws[0]:
+        return prior[ws[0]]
+    for lo, hi in zip(ws, ws[1:], strict=False):
+        if window <= hi:
+            return prior[lo] + (prior[hi] - prior[lo]) * (window - lo) / (hi - lo)
+    return prior[ws[-1]]
 
 
 def make_policy(window) -> WindowPolicy:  # noqa: ANN001

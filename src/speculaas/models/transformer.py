@@ -31,19 +31,22 @@ class DecoderConfig:
 
 
 def rope_tables(max_len: int, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of every (position, frequency) pair: [max_len, head_dim // 2] each."""
+    """Rotary tables for every position, laid out for `_rope`: [max_len, head_dim] each, the
+    cosines repeated over both halves and the sines negated on the first half."""
     half = head_dim // 2
     freqs = base ** (-torch.arange(half, dtype=torch.float32) / half)
     ang = torch.arange(max_len, dtype=torch.float32)[:, None] * freqs
-    return ang.cos(), ang.sin()
+    cos, sin = ang.cos(), ang.sin()
+    return torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)
 
 
 def _rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Rotary embedding. x [rows, heads, L, head_dim]; rope: cos, sin [rows, 1, L, half]."""
-    cos, sin = (t.to(x.dtype) for t in rope)
+    """Rotary embedding on half-split pairs: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin).
+    x [rows, L, heads, head_dim]; rope: the tables at the rows' positions, [rows, L, 1, head_dim].
+    Four tensor ops for queries and keys together (bit for bit the textbook form)."""
+    cos, sin = rope
     half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    return x * cos + torch.cat([x[..., half:], x[..., :half]], -1) * sin
 
 
 class KVCache:
@@ -70,15 +73,18 @@ class Block(nn.Module):
             nn.Linear(4 * cfg.d_model, cfg.d_model),
         )
 
-    def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _heads(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> q, k, v [rows, L, heads, head_dim], rotary applied to q and k in one pass."""
         rows, length, _ = x.shape
-        q, k, v = self.qkv(self.norm1(x)).split(self.cfg.d_model, dim=-1)
-        shape = (rows, length, self.cfg.n_heads, -1)
-        return (t.view(shape).transpose(1, 2) for t in (q, k, v))  # type: ignore[return-value]
+        h = self.cfg.n_heads
+        qkv = self.qkv(self.norm1(x)).view(rows, length, 3 * h, -1)
+        q, k = _rope(qkv[:, :, : 2 * h], rope).split(h, dim=2)
+        return q, k, qkv[:, :, 2 * h :]
 
     def forward(self, x, pos, rope, layer_cache=None, rows=None, mask=None, all_rows=False,  # noqa: ANN001, ANN201, E501
                 write=None):
-        """x [rows, L, d]; pos [rows, L]; rope: cos, sin tables at pos. Without a cache: plain
+        """x [rows, L, d]; pos [rows, L]; rope: the rotary tables at pos (Decoder._rope_at). Without a cache: plain
         causal self-attention (training).
 
         With a cache (`layer_cache` = (k, v) of this layer, `rows` the cache rows these inputs
@@ -87,16 +93,17 @@ class Block(nn.Module):
         cached positions of their rows. `all_rows`: rows is every cache row in order, so the
         cache is read as a view.
         """
-        q, k, v = self._heads(x)
-        q, k = _rope(q, rope), _rope(k, rope)
+        q, k, v = self._heads(x, rope)
+        q = q.transpose(1, 2)  # [rows, heads, L, head_dim]
         if layer_cache is None:
-            att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            att = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2),
+                                                 is_causal=True)
         else:
             ck, cv = layer_cache
             at = pos if write is None else write
             # Advanced indices around a slice move to the front: target view [rows, L, H, hd].
-            ck[rows[:, None], :, at] = k.transpose(1, 2)
-            cv[rows[:, None], :, at] = v.transpose(1, 2)
+            ck[rows[:, None], :, at] = k
+            cv[rows[:, None], :, at] = v
             span = mask.shape[-1]
             if all_rows:
                 keys, values = ck[:, :, :span], cv[:, :, :span]
@@ -125,7 +132,7 @@ class Decoder(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
 
     def _rope_at(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.rope_cos[pos][:, None], self.rope_sin[pos][:, None]  # [rows, 1, L, half]
+        return self.rope_cos[pos][:, :, None], self.rope_sin[pos][:, :, None]  # [rows, L, 1, hd]
 
     @staticmethod
     def _init(m: nn.Module) -> None:
