@@ -38,7 +38,7 @@ def main() -> None:
                 for start in range(0, len(prompts), bs):
                     chunk = prompts[start : start + bs]
                     t0 = time.perf_counter()
-                    out = sp.generate(model, chunk, method=method, seed=start,
+                    out = sp.generate(model, chunk, method=method, seed=start, window=16,
                                       advance=advance, decode_images=False)
                     secs += time.perf_counter() - t0
                     fps += out.forward_passes.tolist()

@@ -80,7 +80,7 @@ def grid_picture(model, captions: list[str], path: Path) -> dict:  # noqa: ANN00
     rows = []
     fps = {}
     for method in ("ar", "csd"):
-        out = sp.generate(model, captions, method=method, seed=0)
+        out = sp.generate(model, captions, method=method, seed=0, window=16)
         fps[method] = out.forward_passes.tolist()
         rows.append([im.resize((128, 128), Image.NEAREST) for im in out.images])
     w, h, top = 128 * len(captions), 128 * 2, 0

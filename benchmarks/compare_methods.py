@@ -15,8 +15,10 @@ from pathlib import Path
 
 from speculaas.bench.runner import BenchConfig, Variant, run
 
+# Every method at the papers' window of 16, then sjd and csd(0.65) with the library's default
+# window ("auto": compute-aware, plain AR where no window pays on this machine).
 VARIANTS = ["ar", "sjd", "csd:delta=0.35", "csd:delta=0.65", "csd:delta=0.8", "gsd", "lantern",
-            "amplify", "addition"]
+            "amplify", "addition", "sjd:window=auto", "csd:delta=0.65:window=auto"]
 
 
 def main() -> None:
@@ -30,7 +32,7 @@ def main() -> None:
     cfg = BenchConfig(model=args.model, prompts="builtin-set" if args.model == "builtin"
                       else "classes", limit=args.prompts, seeds=args.seeds,
                       variants=[Variant.parse(v) for v in VARIANTS], out=Path(args.out),
-                      resume=args.resume, maps=4)
+                      resume=args.resume, maps=4, window=16)
     summary = run(cfg)
     if summary is None:
         return

@@ -62,7 +62,7 @@ def main() -> None:
     args = p.parse_args()
     cfg = BenchConfig(model="builtin", prompts="builtin-set", limit=args.prompts,
                       seeds=args.seeds, variants=[Variant.parse(v) for v in VARIANTS],
-                      out=Path(args.out), resume=args.resume, maps=4)
+                      out=Path(args.out), resume=args.resume, maps=4, window=16)
     summary = run(cfg)
     if summary is None:
         return

@@ -26,7 +26,8 @@ def main() -> None:
     model = sp.load_model("builtin")
     images, steps, ents, titles = [], [], [], []
     for c in (None, 4, 2):
-        out = sp.generate(model, [args.caption], method="csd", delta=0.65, seed=0, row_context=c)
+        out = sp.generate(model, [args.caption], method="csd", delta=0.65, seed=0, row_context=c,
+                          window=16)
         images += out.images
         steps.append(out.commit_step[0])
         ents.append(out.entropy[0])

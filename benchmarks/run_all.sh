@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerate every number and picture in docs/ on the built-in model (about 55 minutes on
+# Regenerate every number and picture in docs/ on the built-in model (about 75 minutes on
 # 2 CPU cores). Each step writes its log beside its outputs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,8 +12,11 @@ python benchmarks/drafting.py --prompts 8 --seeds 2 --rules sjd,csd:delta=0.65 \
 python benchmarks/drafting.py --prompts 8 --seeds 2 \
     --rules sjd,csd:delta=0.35,csd:delta=0.65,csd:delta=0.8 --couplings maximal \
     --inits vertical --windows 32,64 --out docs/drafting-long | tee docs/drafting-long/drafting.log
-python benchmarks/gpu_latency.py --device cpu --batches 1,8 --windows 8,16,auto --repeats 2 \
+python benchmarks/window_prior.py | tee docs/window_prior.log
+python benchmarks/gpu_latency.py --device cpu --batches 1 --windows 16,32,auto --groups 16 \
     | tee docs/latency_cpu.log
+python benchmarks/gpu_latency.py --device cpu --batches 8 --windows 16,32,auto --groups 4 \
+    | tee docs/latency_cpu_b8.log
 python benchmarks/batch_scaling.py --images 16 | tee docs/batch_scaling.log
 python benchmarks/rows.py --out docs/bench-rows | tee docs/bench-rows/rows.log
 python benchmarks/rows_picture.py --out docs/rows_map.png

@@ -1,5 +1,12 @@
+import os
+import tempfile
+
 import pytest
 import torch
+
+# Measured cost curves (window="auto") persist in one place per test session, shared with the
+# subprocesses tests start, never in the user's cache.
+os.environ.setdefault("SPECULAAS_CACHE_DIR", tempfile.mkdtemp(prefix="speculaas-cache-"))
 
 torch.set_num_threads(min(2, torch.get_num_threads()))  # OMP_NUM_THREADS=1 lowers it
 

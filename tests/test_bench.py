@@ -102,7 +102,7 @@ def test_resume_with_other_settings_is_refused(uninterrupted, tmp_path):
     res = subprocess.run(BENCH + ["--out", str(out), "--resume", "--window", "8"], env=ENV,
                          capture_output=True, text=True)
     assert res.returncode == 2 and "Traceback" not in res.stderr
-    assert "other settings" in res.stderr and "'window': 16" in res.stderr
+    assert "other settings" in res.stderr and "'window': None" in res.stderr
 
 
 def test_torchrun_two_processes_match_one(uninterrupted, tmp_path):
@@ -159,7 +159,7 @@ def test_latency_script_runs_on_cpu(capsys):
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     speedups = script.main(["--model", "tiny", "--device", "cpu", "--batches", "1,2",
-                            "--windows", "4,auto", "--repeats", "1"])
+                            "--windows", "4,auto", "--groups", "2"])
     lines = capsys.readouterr().out.strip().splitlines()
     assert json.loads(lines[-1]) == speedups
     assert speedups["ar@batch1"] == 1.0 and "csd(delta=0.65,W=auto)@batch2" in speedups

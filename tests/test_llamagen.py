@@ -182,7 +182,7 @@ def test_t2i_encodes_text_with_a_local_t5(files, tmp_path):
 def test_c2i_two_dimensional_window(c2i):
     """row_context on LlamaGen (2-D rotary, grouped heads, CFG): a full row of context is raster
     Jacobi decoding with the same seed; greedy equals AR; c = 1 runs rows side by side."""
-    kw = dict(method="csd", seed=[3, 4, 5], decode_images=False)
+    kw = dict(method="csd", seed=[3, 4, 5], decode_images=False, window=16)
     raster = sp.generate(c2i, [3, 7, None], **kw)
     full = sp.generate(c2i, [3, 7, None], row_context=GRID, **kw)
     assert torch.equal(full.tokens, raster.tokens)

@@ -1,6 +1,7 @@
 """The window policy: `window="auto"` keeps lossless rules lossless, varies the window with what
 it observes, and follows the cost curve it is given."""
 
+import json
 from collections import Counter
 
 import pytest
@@ -25,7 +26,7 @@ def test_auto_window_is_lossless(coupling):
     counts, windows = Counter(), []
     for start in range(0, N_SAMPLES, 6000):
         policy = AutoWindow(max_window=4, candidates=(1, 2, 3, 4), cost=CURVE, prior=PRIOR,
-                            strength=2.0, stickiness=1.0)  # quick to react
+                            strength=2.0, stickiness=1.0, margin=1.0)  # quick to react
         res = jacobi_decode(toy, toy.start([None] * 6000, cfg=False), sp.acceptance.get("sjd"),
                             sampling, JacobiConfig(window=4, coupling=coupling),
                             generators_for(toy, start, 6000), policy=policy)
@@ -68,7 +69,7 @@ def test_cost_curve_is_measured_once_and_positive(tiny):
     assert measure_cost_curve(tiny, session, True, (1, 4)) == curve  # cached
 
 
-@pytest.mark.parametrize("bad", [0, -3, 16.0, True, "big", None])
+@pytest.mark.parametrize("bad", [0, -3, 16.0, True, "big", "None"])
 def test_bad_windows_are_refused(tiny, bad):
     with pytest.raises(ValueError, match="window"):
         sp.generate(tiny, [1], method="sjd", window=bad)
@@ -100,3 +101,30 @@ def test_auto_window_shortens_for_rejecting_images_and_retries(tiny):
     for _ in range(10):  # runs of accepted drafts well above the prior keep the long window
         policy.observe(act, torch.tensor([16]), torch.tensor([16]), torch.tensor([12]))
     assert policy.content(act).item() > 2 and policy.choose(act).tolist() == [16]
+
+
+def test_default_window_is_auto_in_raster_order_and_16_for_rows(tiny):
+    from speculaas.config import JacobiConfig
+
+    assert JacobiConfig().window == "auto"
+    assert JacobiConfig(row_context=2).window == 16
+    out = sp.generate(tiny, [1], method="sjd", row_context=2, decode_images=False)
+    assert out.mean_window.tolist() == [16.0]
+
+
+def test_cost_curve_persists_for_the_machine(tmp_path, monkeypatch):
+    from speculaas.decoding.window import cost_cache_file
+
+    monkeypatch.setenv("SPECULAAS_CACHE_DIR", str(tmp_path))
+    first = sp.load_model("tiny", vocab_size=12, grid=(3, 5), seed=0)
+    curve = measure_cost_curve(first, first.start([1], cfg=True), True, (1, 4))
+    assert cost_cache_file() == tmp_path / "cost_curves.json" and cost_cache_file().is_file()
+    # Another model object of the same shape (another process, in effect) reuses the curve.
+    second = sp.load_model("tiny", vocab_size=12, grid=(3, 5), seed=1)
+    assert measure_cost_curve(second, second.start([1], cfg=True), True, (1, 4)) == curve
+    # A different batch is another measurement; "off" keeps curves in memory only.
+    monkeypatch.setenv("SPECULAAS_CACHE_DIR", "off")
+    assert cost_cache_file() is None
+    third = sp.load_model("tiny", vocab_size=12, grid=(3, 5), seed=2)
+    measure_cost_curve(third, third.start([1, 2], cfg=True), True, (1, 4))
+    assert len(json.loads((tmp_path / "cost_curves.json").read_text())) == 1

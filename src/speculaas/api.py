@@ -93,7 +93,7 @@ def generators_for(model: ImageModel, seed: int | list[int], batch: int) -> list
 
 
 def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[int] = 0,
-             window: int | str | WindowPolicy = 16, temperature: float | None = None,
+             window: int | str | WindowPolicy | None = None, temperature: float | None = None,
              top_k: int | None = None, top_p: float | None = None,
              cfg_scale: float | None = None,
              draft_init: str = DEFAULT_DRAFT_INIT, coupling: str = DEFAULT_COUPLING,

@@ -104,9 +104,10 @@ def add_decoding_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, help="e.g. bfloat16 (None: the weights' own)")
     p.add_argument("--model-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="adapter option, e.g. vq=vq_ds16_c2i.pt, image_size=384, grid=48,48")
-    p.add_argument("--window", type=_window, default=16,
-                   help="slots per forward, or 'auto' (chosen per iteration from the measured "
-                        "cost of a window)")
+    p.add_argument("--window", type=_window, default=None,
+                   help="slots per forward, or 'auto' (chosen every iteration from the measured "
+                        "cost of a window on this machine; plain AR where none pays). Default: "
+                        "auto, 16 with --row-context")
     p.add_argument("--draft-init", default=DEFAULT_DRAFT_INIT, choices=DRAFT_INITS,
                    help="what fresh draft slots hold")
     p.add_argument("--coupling", default=DEFAULT_COUPLING, choices=COUPLINGS,
@@ -153,6 +154,11 @@ def cmd_generate(args: argparse.Namespace) -> None:
         print(f"{p}: {int(out.forward_passes[i])} forward passes for {n} tokens, "
               f"step compression {float(out.step_compression[i]):.2f}x")
     print(f"latency {out.latency_s:.2f} s for {len(prompts)} image(s); map: {map_path}")
+    if args.method != "ar" and args.window in (None, "auto") and args.row_context is None:
+        mean = float(out.mean_window.mean())
+        print(f"window auto: mean {mean:.1f}" + (
+            f" (plain AR: on this {model.device.type} at batch {len(prompts)} no window pays "
+            "for its forward; --window 16 forces one)" if mean == 1.0 else ""))
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
@@ -221,8 +227,9 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     b.add_argument("--dtype", default=None, help="e.g. bfloat16 (None: the weights' own)")
     b.add_argument("--model-opt", action="append", default=[], metavar="KEY=VALUE")
-    b.add_argument("--window", type=_window, default=16,
-                   help="default window of every variant (a variant's window= overrides it)")
+    b.add_argument("--window", type=_window, default=None,
+                   help="default window of every variant (a variant's window= overrides it); "
+                        "default: auto, 16 for variants with row_context")
 
     d = sub.add_parser("demo", help="serve the local web demo", formatter_class=HELP)
     d.add_argument("--model", default="builtin", choices=MODEL_NAMES, metavar="MODEL",

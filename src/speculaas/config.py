@@ -22,6 +22,8 @@ ADVANCE_MODES = ("per_image", "batch_min")
 TEMPERATURE_RANGE = (1e-2, 1e2)
 CFG_RANGE = (0.0, 100.0)
 MAX_WINDOW = 256
+DEFAULT_WINDOW = "auto"  # raster order: the compute-aware window
+ROW_WINDOW = 16  # each row of the two-dimensional window
 
 
 
@@ -65,8 +67,10 @@ class JacobiConfig:
 
     window: W input slots per forward (the last committed token + W - 1 drafts), so at most W
         tokens are committed per target forward. W = 1 is plain autoregressive decoding.
-        "auto": chosen per iteration and image from the measured cost of a window forward and
-        the image's acceptance so far (decoding/window.py), up to 64.
+        "auto": chosen every iteration from the measured cost of an iteration on this machine
+        and batch, a measured prior of what each window commits and the images' acceptance so
+        far (decoding/window.py), up to 64; plain AR where no window pays. None (the default):
+        "auto" in raster order, ROW_WINDOW with row_context (each row needs a fixed window).
     draft_init: what fresh draft slots hold: "uniform" (a uniform random token whose draft
         distribution is uniform, as CSD does), "onehot" (the same token, declared one-hot at
         itself, as SJD's code does; accepted less often), "vertical" (the token one row above,
@@ -85,13 +89,16 @@ class JacobiConfig:
         one-dimensional Jacobi decoding.
     """
 
-    window: int | str = 16
+    window: int | str | None = None
     draft_init: str = DEFAULT_DRAFT_INIT
     coupling: str = DEFAULT_COUPLING
     advance: str = "per_image"
     row_context: int | None = None
 
     def __post_init__(self) -> None:
+        if self.window is None:
+            object.__setattr__(self, "window",
+                               DEFAULT_WINDOW if self.row_context is None else ROW_WINDOW)
         if self.window != "auto" and not (is_integer(self.window)
                                           and 1 <= self.window <= MAX_WINDOW):
             raise ValueError(f"window must be an integer in [1, {MAX_WINDOW}] or 'auto', got "

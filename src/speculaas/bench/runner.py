@@ -85,7 +85,7 @@ class BenchConfig:
     limit: int | None = 32
     seeds: int = 2
     variants: list[Variant] = field(default_factory=lambda: [Variant("ar"), Variant("csd")])
-    window: int = 16
+    window: int | str | None = None  # None: auto (16 with row_context)
     out: Path = Path("bench-out")
     resume: bool = False
     maps: int = 3

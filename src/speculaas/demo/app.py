@@ -118,7 +118,7 @@ def parse_request(form: dict, model) -> dict:  # noqa: ANN001
     window = form.get("window")
     args = {
         "method": method,
-        "window": "auto" if window == "auto" else _number(form, "window", 16, int),
+        "window": "auto" if window == "auto" else _number(form, "window", None, int),
         "coupling": form.get("coupling") or DEFAULT_COUPLING,
         "draft_init": form.get("draft_init") or DEFAULT_DRAFT_INIT,
         "temperature": _number(form, "temperature", d.temperature),
@@ -189,7 +189,7 @@ def create_app(model):  # noqa: ANN001, ANN201
         d = model.defaults
         return {"methods": list(METHODS), "examples": EXAMPLES, "limits": LIMITS,
                 "couplings": list(COUPLINGS), "draft_inits": list(DRAFT_INITS),
-                "defaults": {"window": 16, "temperature": d.temperature,
+                "defaults": {"window": None, "temperature": d.temperature,
                              "cfg_scale": d.cfg_scale or 1.0, "lam": 0.5, "delta": 0.65,
                              "seed": 0, "coupling": DEFAULT_COUPLING,
                              "draft_init": DEFAULT_DRAFT_INIT},
