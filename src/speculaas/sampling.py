@@ -47,8 +47,9 @@ def target_probs(cond_logits: torch.Tensor, uncond_logits: torch.Tensor | None,
     probs = warp_logits(logits, cfg).softmax(-1)
     # What the rules see must be a distribution. One host read per call; the cause is looked
     # for only when the check fails. Bad logits, or guidance / temperature overflowing float32
-    # from finite logits, both end as NaN here.
-    if not torch.isfinite(probs).all():
+    # from finite logits, both end as NaN here, and a softmax row holding a NaN sums to NaN:
+    # checking the row sums reads V times less than checking every probability.
+    if not torch.isfinite(probs.sum(-1)).all():
         for raw in (cond_logits, uncond_logits):
             if raw is not None and not torch.isfinite(raw).all():
                 kind = "NaN" if torch.isnan(raw).any() else "infinite"
