@@ -17,6 +17,8 @@ python benchmarks/gpu_latency.py --device cpu --batches 1 --windows 16,32,auto -
     | tee docs/latency_cpu.log
 python benchmarks/gpu_latency.py --device cpu --batches 8 --windows 16,32,auto --groups 4 \
     | tee docs/latency_cpu_b8.log
+python benchmarks/gpu_latency.py --device cpu --dtype bfloat16 --batches 1,8 --windows 16,auto \
+    --groups 4 | tee docs/latency_cpu_bf16.log
 python benchmarks/batch_scaling.py --images 16 | tee docs/batch_scaling.log
 python benchmarks/rows.py --out docs/bench-rows | tee docs/bench-rows/rows.log
 python benchmarks/rows_picture.py --out docs/rows_map.png

@@ -130,9 +130,11 @@ def jacobi_decode(
         init.committed(act, pos, keep, q)
         record.write(act, pos, keep, out_tok, it, j < acc[:, None], q)
 
-        src = (limit[:, None] + 1 + slots[: drafts.shape[1]]).clamp(max=L - 1)
-        drafts[act] = out_tok.gather(1, src)
-        draft_probs[act] = out_dist.gather(1, src[..., None].expand(-1, -1, vocab))
+        # Only the first K slots can be recycled (n_recycled <= K); a window policy's larger
+        # buffers stay untouched.
+        src = (limit[:, None] + 1 + slots[:K]).clamp(max=L - 1)
+        drafts[act, :K] = out_tok.gather(1, src)
+        draft_probs[act, :K] = out_dist.gather(1, src[..., None].expand(-1, -1, vocab))
         n_recycled[act] = (L - 1 - limit).clamp(min=0)
         n[act] = na + limit + 1
         forward_passes[act] += 1
