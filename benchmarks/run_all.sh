@@ -3,7 +3,7 @@
 # 2 CPU cores). Each step writes its log beside its outputs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-mkdir -p docs/bench docs/bench-rows docs/drafting docs/drafting-long
+mkdir -p docs/bench docs/bench-rows docs/bench-bf16 docs/drafting docs/drafting-long
 python benchmarks/builtin_report.py --out docs --sweep | tee docs/builtin_report.log
 python benchmarks/compare_methods.py --out docs/bench | tee docs/bench/compare.log
 python benchmarks/drafting.py --prompts 8 --seeds 2 --rules sjd,csd:delta=0.65 \
@@ -19,6 +19,8 @@ python benchmarks/gpu_latency.py --device cpu --batches 8 --windows 16,32,auto -
     | tee docs/latency_cpu_b8.log
 python benchmarks/gpu_latency.py --device cpu --dtype bfloat16 --batches 1,8 --windows 16,auto \
     --groups 4 | tee docs/latency_cpu_bf16.log
+speculaas bench --dtype bfloat16 --methods ar,sjd,csd:delta=0.65 --seeds 2 --out docs/bench-bf16 \
+    | tee docs/bench-bf16/bench.log
 python benchmarks/batch_scaling.py --images 16 | tee docs/batch_scaling.log
 python benchmarks/rows.py --out docs/bench-rows | tee docs/bench-rows/rows.log
 python benchmarks/rows_picture.py --out docs/rows_map.png
