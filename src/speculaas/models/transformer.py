@@ -167,8 +167,12 @@ class Decoder(nn.Module):
                 f"sequence of {span} positions exceeds the model's max_len {self.cfg.max_len}"
             )
         keys = torch.arange(span, device=ids.device)
-        mask = (keys[None, None, :] <= pos[:, :, None])[:, None]  # [R, 1, L, S], once per call
         x, rope = self.embed(ids), self._rope_at(pos)
+        # [R, 1, L, S], once per call, additive: attention converts a boolean mask to this form
+        # in every layer. Every query sees at least its own key, so no row is all -inf.
+        visible = (keys[None, None, :] <= pos[:, :, None])[:, None]
+        mask = torch.zeros(visible.shape, dtype=x.dtype, device=x.device).masked_fill_(
+            ~visible, float("-inf"))
         all_rows = len(rows) == cache.k.shape[1]  # rows come sorted: every row, in order
         for i, blk in enumerate(self.blocks):
             x = blk(x, pos, rope, (cache.k[i], cache.v[i]), rows, mask, all_rows)
