@@ -104,6 +104,9 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
     (csd: lam, delta, filter; gsd: group_size, prob_threshold, dist_threshold; lantern: k,
     delta; amplify: k; addition: eps). Batches larger than `max_batch` run in chunks of that
     size, one after the other (same images: each image has its own random stream).
+    window: slots per forward (int), "auto" or a WindowPolicy; None (default): "auto" in raster
+    order (chosen every iteration from this machine's measured cost curve; plain AR where no
+    window pays), 16 with row_context.
     row_context=c: the two-dimensional window (several rows in flight; not lossless), for
     models whose adapters take a row-causal mask (builtin, tiny, llamagen)."""
     if not isinstance(prompts, (list, tuple)):
