@@ -1,9 +1,10 @@
 """The window policy: how many slots each image gets in the next forward.
 
 A fixed window is the classic choice, but the right one depends on the hardware: on a 2-core CPU
-a 64-slot forward of the built-in model costs ~2.6 AR steps, on a GPU a 7B model's 64-slot
-forward costs about one. `AutoWindow` measures the cost curve t(W) of an iteration (once per
-model, batch size and guidance setting, then cached) and, every iteration, picks the W that
+a 16-slot iteration of the built-in model costs ~2.6 AR steps and a 64-slot one ~6, on a GPU a
+7B model's 64-slot forward costs about one step. `AutoWindow` measures the cost curve t(W) of
+an iteration (once per machine, model shape, batch size and guidance setting; cached in the
+process and on disk) and, every iteration, picks the W that
 maximises the batch's expected committed tokens per second, from a measured prior of what each
 window commits and each image's running acceptance.
 
