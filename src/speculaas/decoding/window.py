@@ -15,6 +15,7 @@ drafts it keeps or drops, so every lossless rule stays lossless (tested on the t
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import platform
@@ -26,6 +27,7 @@ from pathlib import Path
 import torch
 
 from ..config import SamplingConfig
+from ..io import write_text
 from ..models.base import Session
 from ..sampling import target_probs
 
@@ -88,7 +90,6 @@ def _disk_cache(model, batch: int, cfg: bool):  # noqa: ANN001, ANN202
     a resumed or distributed bench and repeated CLI calls choose the same windows; a lock makes
     concurrent processes wait for the first one's measurement instead of taking their own."""
     path = cost_cache_file()
-    key = _curve_key(model, batch, cfg)
     if path is None:
         yield None, lambda curve: None
         return
@@ -98,6 +99,7 @@ def _disk_cache(model, batch: int, cfg: bool):  # noqa: ANN001, ANN202
     except OSError:  # read-only home: measure every process
         yield None, lambda curve: None
         return
+    key = _curve_key(model, batch, cfg)
     with lock:
         with contextlib.suppress(ImportError, OSError):
             import fcntl
@@ -106,16 +108,14 @@ def _disk_cache(model, batch: int, cfg: bool):  # noqa: ANN001, ANN202
             table = json.loads(path.read_text()) if path.is_file() else {}
         except (OSError, ValueError):
             table = {}
+        stored = {int(w): float(t) for w, t in table.get(key, {}).items()}
 
         def store(curve: dict[int, float]) -> None:
-            table[key] = {str(w): t for w, t in {**stored_curve, **curve}.items()}
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            table[key] = {str(w): t for w, t in {**stored, **curve}.items()}
             with contextlib.suppress(OSError):
-                tmp.write_text(json.dumps(table, indent=1))
-                os.replace(tmp, path)
+                write_text(path, json.dumps(table, indent=1))
 
-        stored_curve = {int(w): float(t) for w, t in table.get(key, {}).items()}
-        yield stored_curve or None, store
+        yield stored or None, store
 
 
 def measure_cost_curve(model, session: Session, cfg: bool, windows: tuple[int, ...],  # noqa: ANN001
@@ -198,9 +198,9 @@ def _iteration_like_a_window(q: torch.Tensor, inputs: torch.Tensor, images: torc
                                    record.tokens, rnd[:, 2 * w + 1 :][:, :k]))
     laws = torch.where(fresh[..., None], fdp, laws)
     outputs = torch.full((b,), w, device=dev)
-    acc, _, extra, y, y_dist, _ = verify_window(get("sjd"), Maximal(vocab, gens, dev), images,
-                                                torch.where(fresh, fd, drafts), laws, q, pos,
-                                                outputs, rnd, w)
+    acc, _, _, y, y_dist, _ = verify_window(get("sjd"), Maximal(vocab, gens, dev), images,
+                                            torch.where(fresh, fd, drafts), laws, q, pos,
+                                            outputs, rnd, w)
     keep = torch.arange(w, device=dev) <= acc[:, None]
     record.write(images, pos, keep, y, 0, keep, q)
     src = (acc[:, None] + 1 + torch.arange(k, device=dev)).clamp(max=w - 1)
@@ -340,7 +340,7 @@ def prior_tokens(prior: dict[int, float], window: int) -> float:
     ws = sorted(prior)
     if window <= ws[0]:
         return prior[ws[0]]
-    for lo, hi in zip(ws, ws[1:], strict=False):
+    for lo, hi in itertools.pairwise(ws):
         if window <= hi:
             return prior[lo] + (prior[hi] - prior[lo]) * (window - lo) / (hi - lo)
     return prior[ws[-1]]

@@ -84,8 +84,8 @@ class Block(nn.Module):
 
     def forward(self, x, pos, rope, layer_cache=None, rows=None, mask=None, all_rows=False,  # noqa: ANN001, ANN201, E501
                 write=None):
-        """x [rows, L, d]; pos [rows, L]; rope: the rotary tables at pos (Decoder._rope_at). Without a cache: plain
-        causal self-attention (training).
+        """x [rows, L, d]; pos [rows, L]; rope: the rotary tables at pos (Decoder._rope_at).
+        Without a cache: plain causal self-attention (training).
 
         With a cache (`layer_cache` = (k, v) of this layer, `rows` the cache rows these inputs
         belong to, `mask` [rows, 1, L, S]): the window's keys/values are written at their
