@@ -13,7 +13,7 @@ import speculaas as sp
 from speculaas.acceptance.functional import acceptance_ratio, entropy
 from speculaas.api import generators_for
 from speculaas.config import COUPLINGS, DRAFT_INITS, JacobiConfig, SamplingConfig
-from speculaas.decoding import drafting, jacobi_decode
+from speculaas.decoding import decode, drafting
 
 
 class StaleDeclaration(drafting.Maximal):
@@ -89,7 +89,7 @@ def test_couplings_are_lossless_in_batches_of_4(coupling):
     jacobi = JacobiConfig(window=4, draft_init="vertical_sample", coupling=coupling)
     counts, uneven = Counter(), 0
     for i in range(1500):
-        res = jacobi_decode(toy, toy.start([None] * 4, cfg=True), sp.acceptance.get("sjd"),
+        res = decode(toy, toy.start([None] * 4, cfg=True), sp.acceptance.get("sjd"),
                             sampling, jacobi, generators_for(toy, 4 * i, 4))
         counts.update(map(tuple, res.tokens.tolist()))
         uneven += int(res.forward_passes.min() != res.forward_passes.max())
@@ -113,7 +113,7 @@ def test_relaxed_rule_one_slot_law_matches_closed_form():
     toy = sp.load_model("toy", vocab_size=3, length=2, seed=4, scale=1.5)
     rule = sp.acceptance.get("csd", lam=0.5, delta=1.0)
     session = toy.start([None] * N_SAMPLES, cfg=False)
-    res = jacobi_decode(toy, session, rule, SamplingConfig(), JacobiConfig(window=2),
+    res = decode(toy, session, rule, SamplingConfig(), JacobiConfig(window=2),
                         generators_for(toy, 0, N_SAMPLES))
     observed = torch.bincount(res.tokens[:, 0], minlength=3).double()
     target = toy.table[0].softmax(-1)[None, None]  # [1, 1, V] target of position 0

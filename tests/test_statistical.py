@@ -12,7 +12,7 @@ import speculaas as sp
 from speculaas.acceptance.base import AcceptanceRule
 from speculaas.api import generators_for
 from speculaas.config import JacobiConfig, SamplingConfig
-from speculaas.decoding import jacobi_decode
+from speculaas.decoding import decode
 
 ALPHA = 1e-3
 N_SAMPLES = 24_000
@@ -45,7 +45,7 @@ def sample_sequences(model, rule, jacobi, sampling, n=N_SAMPLES, chunk=6000, see
         b = min(chunk, n - start)
         session = model.start([None] * b, cfg=sampling.uses_cfg)
         gens = generators_for(model, seed + start, b)
-        res = jacobi_decode(model, session, rule, sampling, jacobi, gens)
+        res = decode(model, session, rule, sampling, jacobi, gens)
         counts.update(map(tuple, res.tokens.tolist()))
     return counts
 
@@ -91,7 +91,7 @@ def test_sjd_matches_exact_distribution_with_top_k_and_temperature(toy):
 
 def test_acceptance_is_mixed_so_the_test_has_power(toy):
     session = toy.start([None] * 2000, cfg=False)
-    res = jacobi_decode(toy, session, sp.acceptance.get("sjd"), SamplingConfig(),
+    res = decode(toy, session, sp.acceptance.get("sjd"), SamplingConfig(),
                         JacobiConfig(window=4), generators_for(toy, 0, 2000))
     share = res.drafted.float().mean().item()
     assert 0.1 < share < 0.9, share
@@ -114,7 +114,7 @@ def test_lossless_at_batch_4_with_each_image_advancing_on_its_own(rule, lossless
     counts, uneven = Counter(), 0
     for i in range(N_BATCHED // 4):
         session = toy.start([None] * 4, cfg=False)
-        res = jacobi_decode(toy, session, rule, sampling, JacobiConfig(window=4),
+        res = decode(toy, session, rule, sampling, JacobiConfig(window=4),
                             generators_for(toy, 4 * i, 4))
         counts.update(map(tuple, res.tokens.tolist()))
         uneven += int(res.forward_passes.min() != res.forward_passes.max())
@@ -132,7 +132,7 @@ def test_lock_step_batches_are_biased():
     counts = Counter()
     for i in range(N_SAMPLES // 4):
         session = toy.start([None] * 4, cfg=False)
-        res = jacobi_decode(toy, session, sp.acceptance.get("sjd"), sampling,
+        res = decode(toy, session, sp.acceptance.get("sjd"), sampling,
                             JacobiConfig(window=4, advance="batch_min"),
                             generators_for(toy, 4 * i, 4))
         counts.update(map(tuple, res.tokens.tolist()))

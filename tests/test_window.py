@@ -11,11 +11,13 @@ from test_statistical import ALPHA, N_SAMPLES, chi_square_p
 import speculaas as sp
 from speculaas.api import generators_for
 from speculaas.config import JacobiConfig, SamplingConfig
-from speculaas.decoding import jacobi_decode
-from speculaas.decoding.window import AutoWindow, measure_cost_curve
+from speculaas.decoding import decode
+from speculaas.decoding.loop import measure_cost_curve
+from speculaas.decoding.window import AutoWindow
 
 # A cost curve and prior under which the best window depends on the acceptance seen so far.
 CURVE = {1: 1.0, 2: 1.25, 3: 1.6, 4: 2.2}
+CFG = SamplingConfig(cfg_scale=2.0)
 PRIOR = {1: 1.0, 4: 2.5}
 
 
@@ -27,7 +29,7 @@ def test_auto_window_is_lossless(coupling):
     for start in range(0, N_SAMPLES, 6000):
         policy = AutoWindow(max_window=4, candidates=(1, 2, 3, 4), cost=CURVE, prior=PRIOR,
                             strength=2.0, stickiness=1.0, margin=1.0)  # quick to react
-        res = jacobi_decode(toy, toy.start([None] * 6000, cfg=False), sp.acceptance.get("sjd"),
+        res = decode(toy, toy.start([None] * 6000, cfg=False), sp.acceptance.get("sjd"),
                             sampling, JacobiConfig(window=4, coupling=coupling),
                             generators_for(toy, start, 6000), policy=policy)
         counts.update(map(tuple, res.tokens.tolist()))
@@ -64,9 +66,9 @@ def test_auto_window_greedy_equals_ar(tiny):
 
 def test_cost_curve_is_measured_once_and_positive(tiny):
     session = tiny.start([1], cfg=True)
-    curve = measure_cost_curve(tiny, session, True, (1, 4))
+    curve = measure_cost_curve(tiny, session, CFG, (1, 4))
     assert set(curve) == {1, 4} and all(t > 0 for t in curve.values())
-    assert measure_cost_curve(tiny, session, True, (1, 4)) == curve  # cached
+    assert measure_cost_curve(tiny, session, CFG, (1, 4)) == curve  # cached
 
 
 @pytest.mark.parametrize("bad", [0, -3, 16.0, True, "big", "None"])
@@ -86,21 +88,22 @@ def test_auto_window_shortens_for_rejecting_images_and_retries(tiny):
                         prior={1: 1.0, 4: 1.8, 16: 3.6}, stickiness=1.0, strength=4.0,
                         decay=0.9)
     policy.begin(tiny, tiny.start([1, 2], cfg=False), cfg=False)
-    act, one = torch.tensor([0]), torch.tensor([1])
-    assert policy.choose(act).tolist() == [16]  # at the prior: 3.6 / 3.0 beats 1.8 / 1.6 and 1
+    act, both = torch.tensor([0]), torch.tensor([True, True])
+    only0, only1 = torch.tensor([True, False]), torch.tensor([False, True])
+    assert policy.choose(only0).item() == 16  # at the prior: 3.6 / 3.0 beats 1.8 / 1.6 and 1
     for _ in range(10):  # image 0 keeps rejecting its first draft
         policy.observe(act, torch.tensor([16]), torch.tensor([16]), torch.tensor([0]))
-    assert policy.choose(act).tolist() == [1]
-    assert policy.choose(one).tolist() == [16]  # image 1 has its own record
+    assert policy.choose(only0).item() == 1
+    assert policy.choose(only1).item() == 16  # image 1 has its own record
     # Both together: one window for the batch, the one that serves the two best in sum
     # (image 0 expects 1.49 tokens at W = 16, image 1 3.6: (1.49 + 3.6) / 3.0 < 2 / 1.0).
-    assert policy.choose(torch.tensor([0, 1])).tolist() == [1, 1]
+    assert policy.choose(both).item() == 1
     for _ in range(40):  # a single-token iteration verifies nothing: back towards the prior
         policy.observe(act, torch.tensor([1]), torch.tensor([1]), torch.tensor([0]))
-    assert policy.choose(act).tolist() == [16]
+    assert policy.choose(only0).item() == 16
     for _ in range(10):  # runs of accepted drafts well above the prior keep the long window
         policy.observe(act, torch.tensor([16]), torch.tensor([16]), torch.tensor([12]))
-    assert policy.content(act).item() > 2 and policy.choose(act).tolist() == [16]
+    assert policy.content(act).item() > 2 and policy.choose(only0).item() == 16
 
 
 def test_default_window_is_auto_in_raster_order_and_16_for_rows(tiny):
@@ -117,14 +120,14 @@ def test_cost_curve_persists_for_the_machine(tmp_path, monkeypatch):
 
     monkeypatch.setenv("SPECULAAS_CACHE_DIR", str(tmp_path))
     first = sp.load_model("tiny", vocab_size=12, grid=(3, 5), seed=0)
-    curve = measure_cost_curve(first, first.start([1], cfg=True), True, (1, 4))
+    curve = measure_cost_curve(first, first.start([1], cfg=True), CFG, (1, 4))
     assert cost_cache_file() == tmp_path / "cost_curves.json" and cost_cache_file().is_file()
     # Another model object of the same shape (another process, in effect) reuses the curve.
     second = sp.load_model("tiny", vocab_size=12, grid=(3, 5), seed=1)
-    assert measure_cost_curve(second, second.start([1], cfg=True), True, (1, 4)) == curve
+    assert measure_cost_curve(second, second.start([1], cfg=True), CFG, (1, 4)) == curve
     # A different batch is another measurement; "off" keeps curves in memory only.
     monkeypatch.setenv("SPECULAAS_CACHE_DIR", "off")
     assert cost_cache_file() is None
     third = sp.load_model("tiny", vocab_size=12, grid=(3, 5), seed=2)
-    measure_cost_curve(third, third.start([1, 2], cfg=True), True, (1, 4))
+    measure_cost_curve(third, third.start([1, 2], cfg=True), CFG, (1, 4))
     assert len(json.loads((tmp_path / "cost_curves.json").read_text())) == 1

@@ -11,8 +11,8 @@ from PIL import Image
 from . import acceptance
 from .checks import is_integer
 from .config import DEFAULT_COUPLING, DEFAULT_DRAFT_INIT, METHODS, JacobiConfig, SamplingConfig
-from .decoding import DecodeResult, autoregressive_decode, jacobi_decode
-from .decoding.rows import check_row_context, row_jacobi_decode
+from .decoding import DecodeResult, autoregressive_decode, decode
+from .decoding.frontier_rows import check_row_context
 from .decoding.window import WindowPolicy
 from .models.base import ImageModel
 
@@ -139,12 +139,9 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
         session = model.start(list(prompts[lo:hi]), cfg=sampling.uses_cfg)
         if rule is None:
             parts.append(autoregressive_decode(model, session, sampling, gens[lo:hi], bar))
-        elif row_context is not None:
-            parts.append(row_jacobi_decode(model, session, rule, sampling, jacobi, gens[lo:hi],
-                                           bar, profile=profile))
         else:
-            parts.append(jacobi_decode(model, session, rule, sampling, jacobi, gens[lo:hi], bar,
-                                       profile=profile, policy=policy))
+            parts.append(decode(model, session, rule, sampling, jacobi, gens[lo:hi], bar,
+                                profile=profile, policy=policy))
     res = DecodeResult.concat(parts)
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)

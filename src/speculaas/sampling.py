@@ -35,31 +35,39 @@ def warp_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
 
 
 def target_probs(cond_logits: torch.Tensor, uncond_logits: torch.Tensor | None,
-                 cfg: SamplingConfig, suppress: tuple[int, ...] = ()) -> torch.Tensor:
+                 cfg: SamplingConfig, suppress: tuple[int, ...] = (), check: bool = True,
+                 ) -> torch.Tensor:
     """[..., vocab] logits of the conditional (and unconditional) rows -> probabilities.
 
     `suppress`: token ids that may not be sampled here (structural tokens at free positions).
+    check: raise ValueError if a distribution is not finite (one host read); the decoding loop
+    passes False and checks isfinite(probs.sum(-1)) with its own single read per iteration.
     """
     logits = combine_cfg(cond_logits.float(),
                          None if uncond_logits is None else uncond_logits.float(), cfg.cfg_scale)
     if suppress:
         logits[..., list(suppress)] = float("-inf")
     probs = warp_logits(logits, cfg).softmax(-1)
-    # What the rules see must be a distribution. One host read per call; the cause is looked
-    # for only when the check fails. Bad logits, or guidance / temperature overflowing float32
-    # from finite logits, both end as NaN here, and a softmax row holding a NaN sums to NaN:
-    # checking the row sums reads V times less than checking every probability.
-    if not torch.isfinite(probs.sum(-1)).all():
-        for raw in (cond_logits, uncond_logits):
-            if raw is not None and not torch.isfinite(raw).all():
-                kind = "NaN" if torch.isnan(raw).any() else "infinite"
-                raise ValueError(f"the model produced {kind} logits; check the weights and the "
-                                 "inputs (dtype overflow in half precision is a common cause)")
-        raise ValueError(f"the target probabilities are not finite after guidance and warping "
-                         f"(cfg_scale={cfg.cfg_scale}, temperature={cfg.temperature}, "
-                         f"top_k={cfg.top_k}, top_p={cfg.top_p}); lower cfg_scale or raise "
-                         "temperature")
+    # What the rules see must be a distribution. Bad logits, or guidance / temperature
+    # overflowing float32 from finite logits, both end as NaN here, and a softmax row holding a
+    # NaN sums to NaN: checking the row sums reads V times less than checking every probability.
+    if check and not torch.isfinite(probs.sum(-1)).all():
+        explain_nonfinite(cond_logits, uncond_logits, cfg)
     return probs
+
+
+def explain_nonfinite(cond_logits: torch.Tensor, uncond_logits: torch.Tensor | None,
+                      cfg: SamplingConfig) -> None:
+    """Raise the ValueError that names why target probabilities came out NaN or infinite."""
+    for raw in (cond_logits, uncond_logits):
+        if raw is not None and not torch.isfinite(raw).all():
+            kind = "NaN" if torch.isnan(raw).any() else "infinite"
+            raise ValueError(f"the model produced {kind} logits; check the weights and the "
+                             "inputs (dtype overflow in half precision is a common cause)")
+    raise ValueError(f"the target probabilities are not finite after guidance and warping "
+                     f"(cfg_scale={cfg.cfg_scale}, temperature={cfg.temperature}, "
+                     f"top_k={cfg.top_k}, top_p={cfg.top_p}); lower cfg_scale or raise "
+                     "temperature")
 
 
 def sample_with_uniform(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,5 @@
 from .autoregressive import autoregressive_decode
-from .jacobi import jacobi_decode
+from .loop import decode
 from .result import DecodeResult
 
-__all__ = ["DecodeResult", "autoregressive_decode", "jacobi_decode"]
+__all__ = ["DecodeResult", "autoregressive_decode", "decode"]

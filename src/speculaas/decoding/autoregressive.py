@@ -8,28 +8,51 @@ from ..acceptance.functional import entropy
 from ..config import SamplingConfig
 from ..models.base import ImageModel, Session
 from ..sampling import sample_with_uniform, target_probs
-from .result import DecodeResult, draw
+from .result import DecodeResult
+
+
+class AutoregressiveLoop:
+    """One token per image per forward; step(t) decodes position t of every image (the window
+    policy times one step to price plain AR against speculation)."""
+
+    def __init__(self, model: ImageModel, session: Session, sampling: SamplingConfig,
+                 generators: list[torch.Generator], progress=None) -> None:  # noqa: ANN001
+        self.model, self.session, self.sampling = model, session, sampling
+        self.generators, self.progress = generators, progress
+        batch, length, dev = session.batch_size, model.layout.length, model.device
+        self.images = torch.arange(batch, device=dev)
+        self.seq = torch.zeros(batch, length, dtype=torch.long, device=dev)
+        self.ent = torch.zeros(batch, length, device=dev)
+        self.forced = model.layout.forced.to(dev)
+
+    def step(self, t: int) -> None:
+        dev, batch = self.model.device, len(self.generators)
+        prev = self.seq[:, max(t - 1, 0) : max(t - 1, 0) + 1]
+        cond, uncond = self.session.forward(prev.clone(), torch.full((batch,), t, device=dev),
+                                            self.images, max_offset=t)
+        q = target_probs(cond, uncond, self.sampling, self.model.layout.structural)[:, 0]
+        u = torch.stack([torch.rand(1, generator=g, device=dev)[0] for g in self.generators])
+        tok = sample_with_uniform(q, u)
+        self.seq[:, t] = torch.where(self.forced[t] >= 0, self.forced[t], tok)
+        self.ent[:, t] = entropy(q)
+        if self.progress is not None:
+            self.progress.update(batch)
+
+    def result(self) -> DecodeResult:
+        (batch, length), dev = self.seq.shape, self.seq.device
+        steps = torch.arange(length, device=dev).expand(batch, -1).clone()
+        return DecodeResult(tokens=self.seq, forward_passes=torch.full((batch,), length,
+                                                                       device=dev),
+                            commit_step=steps, drafted=torch.zeros_like(self.seq, dtype=torch.bool),
+                            entropy=self.ent, accept_hist=torch.full((batch, 1), length,
+                                                                     device=dev),
+                            iterations=length)
 
 
 @torch.inference_mode()
 def autoregressive_decode(model: ImageModel, session: Session, sampling: SamplingConfig,
                           generators: list[torch.Generator], progress=None) -> DecodeResult:  # noqa: ANN001
-    batch, length, dev = session.batch_size, model.layout.length, model.device
-    images = torch.arange(batch, device=dev)
-    seq = torch.zeros(batch, length, dtype=torch.long, device=dev)
-    ent = torch.zeros(batch, length, device=dev)
-    forced = model.layout.forced.to(dev)
-    for t in range(length):
-        prev = seq[:, max(t - 1, 0) : max(t - 1, 0) + 1]
-        cond, uncond = session.forward(prev.clone(), torch.full((batch,), t, device=dev), images)
-        q = target_probs(cond, uncond, sampling, model.layout.structural)[:, 0]
-        tok = sample_with_uniform(q, draw(generators, images, 1, dev)[:, 0])
-        seq[:, t] = torch.where(forced[t] >= 0, forced[t], tok)
-        ent[:, t] = entropy(q)
-        if progress is not None:
-            progress.update(batch)
-    steps = torch.arange(length, device=dev).expand(batch, -1).clone()
-    return DecodeResult(tokens=seq, forward_passes=torch.full((batch,), length, device=dev),
-                        commit_step=steps, drafted=torch.zeros_like(seq, dtype=torch.bool),
-                        entropy=ent, accept_hist=torch.full((batch, 1), length, device=dev),
-                        iterations=length)
+    loop = AutoregressiveLoop(model, session, sampling, generators, progress)
+    for t in range(model.layout.length):
+        loop.step(t)
+    return loop.result()

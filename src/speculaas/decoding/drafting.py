@@ -37,6 +37,7 @@ class FreshSlots:
     (meaningful where not fresh). committed [B, >=T]: committed tokens by position, for the
     whole batch (index it with act).
     uniforms [b, K]: one uniform per slot, independent of every other use.
+    memory: the decode's per-image memory (DecodeState.memory), where a drafter keeps its own.
     """
 
     act: torch.Tensor
@@ -48,22 +49,27 @@ class FreshSlots:
     draft_probs: torch.Tensor
     committed: torch.Tensor
     uniforms: torch.Tensor
+    memory: dict[str, torch.Tensor]
 
 
 class FreshInit(ABC):
-    """Fills fresh draft slots. One instance per decode (it may keep per-image state)."""
+    """Fills fresh draft slots. Stateless: per-image state lives in the decode's memory."""
 
     name: str
 
-    def __init__(self, vocab: int, row_stride: int, batch: int, device: torch.device) -> None:
+    def __init__(self, vocab: int, row_stride: int) -> None:
         self.vocab, self.row_stride = vocab, row_stride
+
+    def begin(self, memory: dict[str, torch.Tensor], generators: list[torch.Generator],
+              device: torch.device) -> None:  # noqa: B027 - optional hook
+        """Called once per decode before anything is drawn: allocate per-image memory."""
 
     @abstractmethod
     def fill(self, s: FreshSlots) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (tokens [b, K], declared draft distributions [b, K, V]); only fresh slots are read."""
 
-    def committed(self, act: torch.Tensor, pos: torch.Tensor, keep: torch.Tensor,
-                  target_probs: torch.Tensor) -> None:
+    def committed(self, memory: dict[str, torch.Tensor], act: torch.Tensor, pos: torch.Tensor,
+                  keep: torch.Tensor, target_probs: torch.Tensor) -> None:  # noqa: B027
         """Told the targets of the positions each image committed this iteration (keep [b, L])."""
 
     def _uniform_tokens(self, s: FreshSlots) -> torch.Tensor:
@@ -132,27 +138,31 @@ class VerticalSampleInit(FreshInit):
 
     name = "vertical_sample"
 
-    def __init__(self, vocab: int, row_stride: int, batch: int, device: torch.device) -> None:
-        super().__init__(vocab, row_stride, batch, device)
+    key = "vertical_sample.ring"
+
+    def begin(self, memory: dict[str, torch.Tensor], generators: list[torch.Generator],
+              device: torch.device) -> None:
         # Ring of the last row of committed targets, by position mod stride; the extra entry
         # absorbs writes that are not needed.
-        self.ring = torch.full((batch, row_stride + 1, vocab), 1.0 / vocab, device=device)
+        memory[self.key] = torch.full((len(generators), self.row_stride + 1, self.vocab),
+                                      1.0 / self.vocab, device=device)
 
     def fill(self, s: FreshSlots) -> tuple[torch.Tensor, torch.Tensor]:
         src, has, committed = self._above(s)
-        ring_rows = self.ring[s.act[:, None], src.clamp(min=0) % self.row_stride]  # [b, K, V]
+        ring = s.memory[self.key]
+        ring_rows = ring[s.act[:, None], src.clamp(min=0) % self.row_stride]  # [b, K, V]
         slot = self._draft_slot(s, src)[..., None].expand_as(s.draft_probs)
         probs = torch.where(committed[..., None], ring_rows, s.draft_probs.gather(1, slot))
         probs = torch.where(has[..., None], probs, self._uniform_probs(s))
         return sample_with_uniform(probs, s.uniforms), probs
 
-    def committed(self, act: torch.Tensor, pos: torch.Tensor, keep: torch.Tensor,
-                  target_probs: torch.Tensor) -> None:
+    def committed(self, memory: dict[str, torch.Tensor], act: torch.Tensor, pos: torch.Tensor,
+                  keep: torch.Tensor, target_probs: torch.Tensor) -> None:
         # Only the last row of committed positions matters; older ones would collide mod stride.
         last = (pos * keep).max(1, keepdim=True).values
         write = keep & (pos > last - self.row_stride)
         slot = torch.where(write, pos % self.row_stride, self.row_stride)
-        self.ring[act[:, None], slot] = target_probs
+        memory[self.key][act[:, None], slot] = target_probs
 
 
 @dataclass
@@ -163,7 +173,8 @@ class Tail:
     pos [b, L] generated positions; u_keep [b, L] and u_draw [b, L]: uniforms (u_keep is the
     verification uniform, reused: a tail slot's verification never decides anything).
     n_drafts [b] or None: drafts each window really has when windows of several lengths share
-    the batch (slots at and after it hold no draft); None: all K.
+    the batch (slots at and after it hold no draft); None: all K. memory: the decode's
+    per-image memory (DecodeState.memory).
     """
 
     act: torch.Tensor
@@ -174,16 +185,21 @@ class Tail:
     u_keep: torch.Tensor
     u_draw: torch.Tensor
     n_drafts: torch.Tensor | None = None
+    memory: dict[str, torch.Tensor] | None = None
 
 
 class Coupling(ABC):
-    """Turns a verified window into the next drafts of its tail slots."""
+    """Turns a verified window into the next drafts of its tail slots. Stateless: per-image
+    state lives in the decode's memory."""
 
     name: str
 
-    def __init__(self, vocab: int, generators: list[torch.Generator],
-                 device: torch.device) -> None:
+    def __init__(self, vocab: int) -> None:
         self.vocab = vocab
+
+    def begin(self, memory: dict[str, torch.Tensor], generators: list[torch.Generator],
+              device: torch.device) -> None:  # noqa: B027 - optional hook
+        """Called once per decode before anything is drawn: allocate per-image memory."""
 
     @abstractmethod
     def redraft(self, t: Tail) -> tuple[torch.Tensor, torch.Tensor]:
@@ -252,17 +268,18 @@ class GumbelShared(Coupling):
 
     name = "gumbel"
 
-    def __init__(self, vocab: int, generators: list[torch.Generator],
-                 device: torch.device) -> None:
-        super().__init__(vocab, generators, device)
+    key = "gumbel.keys"
+
+    def begin(self, memory: dict[str, torch.Tensor], generators: list[torch.Generator],
+              device: torch.device) -> None:
         # One 31-bit key per image, drawn from its own stream before decoding starts, so the
         # noise is reproducible from the seed and independent of every later uniform.
-        self.keys = torch.stack([torch.randint(0, 2**31 - 1, (1,), generator=g, device=device)[0]
+        memory[self.key] = torch.stack([torch.randint(0, 2**31 - 1, (1,), generator=g, device=device)[0]
                                  for g in generators])
 
     def redraft(self, t: Tail) -> tuple[torch.Tensor, torch.Tensor]:
         q = t.target_probs
-        noise = gumbel_noise(self.keys[t.act], t.pos, self.vocab)
+        noise = gumbel_noise(t.memory[self.key][t.act], t.pos, self.vocab)
         return (q.log() + noise).argmax(-1), q
 
 

@@ -2,9 +2,9 @@
 
 A fixed window is the classic choice, but the right one depends on the hardware: on a 2-core CPU
 a 16-slot iteration of the built-in model costs ~2.6 AR steps and a 64-slot one ~6, on a GPU a
-7B model's 64-slot forward costs about one step. `AutoWindow` measures the cost curve t(W) of
-an iteration (once per machine, model shape, batch size and guidance setting; cached in the
-process and on disk) and, every iteration, picks the W that
+7B model's 64-slot forward costs about one step. `AutoWindow` uses the cost curve t(W) of an
+iteration (the loop times its own step(), once per machine, model shape, batch size, guidance
+setting, rule and drafter; cached in the process and on disk) and, every iteration, picks the W that
 maximises the batch's expected committed tokens per second, from a measured prior of what each
 window commits and each image's running acceptance.
 
@@ -19,17 +19,14 @@ import itertools
 import json
 import os
 import platform
-import statistics
-import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from ..config import SamplingConfig
 from ..io import write_text
 from ..models.base import Session
-from ..sampling import target_probs
 
 CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 # Prior committed tokens per iteration E(W) of a decode that keeps the window W: the step
@@ -43,7 +40,9 @@ PRIOR_TOKENS = {
                 24: 3.94, 32: 4.4, 48: 4.44, 64: 4.56},
 }
 
-# model -> {(batch, cfg): {window: seconds}}; measured once per process.
+# model -> {(batch, cfg, tag): {window: seconds}}; measured once per process. The version tag
+# retires curves measured by an older loop.
+_CURVE_VERSION = 2
 _COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -67,10 +66,10 @@ def _machine() -> str:
     return platform.processor() or platform.machine()
 
 
-def _curve_key(model, batch: int, cfg: bool) -> str:  # noqa: ANN001
+def _curve_key(model, batch: int, cfg: bool, tag: str) -> str:  # noqa: ANN001
     """What the cost of an iteration depends on: the model's shape (name, vocabulary, tokens,
-    parameter count and dtype of its modules), the device, the threads, torch, the batch and
-    whether guidance doubles the rows."""
+    parameter count and dtype of its modules), the device, the threads, torch, the batch,
+    whether guidance doubles the rows, and the loop's rule and drafter (`tag`)."""
     params, dtypes = 0, set()
     for value in vars(model).values():
         if isinstance(value, torch.nn.Module):
@@ -81,11 +80,11 @@ def _curve_key(model, batch: int, cfg: bool) -> str:  # noqa: ANN001
     device = (torch.cuda.get_device_name(dev) if dev.type == "cuda" else _machine())
     return json.dumps([model.name, model.vocab_size, model.layout.length, params,
                        sorted(dtypes), dev.type, device, torch.get_num_threads(),
-                       torch.__version__, batch, cfg])
+                       torch.__version__, batch, cfg, tag, _CURVE_VERSION])
 
 
 @contextlib.contextmanager
-def _disk_cache(model, batch: int, cfg: bool):  # noqa: ANN001, ANN202
+def _disk_cache(model, batch: int, cfg: bool, tag: str):  # noqa: ANN001, ANN202
     """Yields (stored curve or None, store(curve)). Processes on one machine share the curve, so
     a resumed or distributed bench and repeated CLI calls choose the same windows; a lock makes
     concurrent processes wait for the first one's measurement instead of taking their own."""
@@ -99,7 +98,7 @@ def _disk_cache(model, batch: int, cfg: bool):  # noqa: ANN001, ANN202
     except OSError:  # read-only home: measure every process
         yield None, lambda curve: None
         return
-    key = _curve_key(model, batch, cfg)
+    key = _curve_key(model, batch, cfg, tag)
     with lock:
         with contextlib.suppress(ImportError, OSError):
             import fcntl
@@ -118,93 +117,25 @@ def _disk_cache(model, batch: int, cfg: bool):  # noqa: ANN001, ANN202
         yield stored or None, store
 
 
-def measure_cost_curve(model, session: Session, cfg: bool, windows: tuple[int, ...],  # noqa: ANN001
-                       rounds: int = 2) -> dict[int, float]:
-    """Median wall time of one iteration at each window size for this batch, in seconds: the
-    forward with its target-probability work, and for W > 1 the rest of a Jacobi iteration
-    (uniforms, fresh drafts, verification and redrafting, the commit record; sjd with maximal
-    coupling on the window's own targets), which is what a speculative iteration costs beyond
-    an AR step. Each round times every window four times after one untimed call at that
-    window (a decode repeats its window, so caches are warm for it;
-    rounds spread drift from a cold start or a busy neighbour over all windows alike), half-way
-    through the image (attention over a typical prefix). Runs on the decode's own session:
-    what a window writes past a committed prefix never influences later results (the Session
-    contract), so the measurement leaves no trace. Cached per model object, batch size and
-    guidance setting for the life of the process, and on disk for the machine
-    (`cost_cache_file`): the first process measures, later ones reuse its curve."""
-    key = (session.batch_size, cfg)
-    cached = _COSTS.setdefault(model, {}).get(key)
-    if cached is not None and all(w in cached for w in windows):
+def cost_curve(model, batch: int, cfg: bool, tag: str, windows: tuple[int, ...],  # noqa: ANN001
+               measure: Callable[[tuple[int, ...]], dict[int, float]]) -> dict[int, float]:
+    """The cost curve {window: seconds per iteration} of this model, batch, guidance setting
+    and loop configuration `tag`, measured by `measure(windows still unknown)` (the loop's own
+    step(), decoding/loop.py) once per model object for the life of the process and once per
+    machine on disk (`cost_cache_file`): the first process measures, later ones reuse its curve.
+    Window 0 is a step of plain AR decoding."""
+    key = (batch, cfg, tag)
+    cached = _COSTS.setdefault(model, {}).get(key, {})
+    if all(w in cached for w in windows):
         return {w: cached[w] for w in windows}
-    with _disk_cache(model, session.batch_size, cfg) as (stored, store):
-        if stored is not None and all(w in stored for w in windows):
-            costs = {w: stored[w] for w in windows}
-        else:
-            costs = _measure(model, session, cfg, windows, rounds)
-            store(costs)
-    _COSTS[model][key] = {**(cached or {}), **costs}
-    return costs
-
-
-def _measure(model, session: Session, cfg: bool, windows: tuple[int, ...],  # noqa: ANN001
-             rounds: int) -> dict[int, float]:
-    dev, batch, length = model.device, session.batch_size, model.layout.length
-    images = torch.arange(batch, device=dev)
-    start = torch.full((batch,), max(0, min(length // 2, length - max(windows))),
-                       dtype=torch.long, device=dev)
-    sampling = SamplingConfig(cfg_scale=2.0 if cfg else None)
-    times: dict[int, list[float]] = {w: [] for w in windows}
-    with torch.inference_mode():
-        for _ in range(rounds):
-            for w in windows:
-                inputs = torch.zeros(batch, w, dtype=torch.long, device=dev)
-                for call in range(5):
-                    if dev.type == "cuda":
-                        torch.cuda.synchronize(dev)
-                    t0 = time.perf_counter()
-                    cond, uncond = session.forward(inputs, start, images)
-                    q = target_probs(cond, uncond, sampling)
-                    if w > 1:
-                        _iteration_like_a_window(q, inputs, images, start, w, length)
-                    else:
-                        q.cumsum(-1)
-                    if dev.type == "cuda":
-                        torch.cuda.synchronize(dev)
-                    if call:
-                        times[w].append(time.perf_counter() - t0)
-    return {w: statistics.median(t) for w, t in times.items()}
-
-
-def _iteration_like_a_window(q: torch.Tensor, inputs: torch.Tensor, images: torch.Tensor,
-                             start: torch.Tensor, w: int, length: int) -> None:
-    """The per-iteration work of the Jacobi loop besides the forward, on stand-in drafts: the
-    uniforms, fresh drafts (vertical), verification and redrafting (sjd, maximal coupling),
-    the commit record and the recycled drafts with their laws."""
-    from ..acceptance import get
-    from .drafting import FreshSlots, Maximal, VerticalInit
-    from .jacobi import verify_window
-    from .result import Commits, draw
-
-    b, dev, vocab = len(images), q.device, q.shape[-1]
-    gens = [torch.Generator(device=dev).manual_seed(i) for i in range(b)]
-    rnd = draw(gens, images, 3 * w + 1, dev)
-    k = w - 1
-    pos = start[:, None] + torch.arange(w, device=dev)
-    record = Commits(b, length + w, dev)
-    drafts, laws = inputs[:, 1:], q[:, :-1]
-    fresh = torch.ones_like(drafts, dtype=torch.bool)
-    init = VerticalInit(vocab, 16, b, dev)
-    fd, fdp = init.fill(FreshSlots(images, pos[:, :k], fresh, start, start, drafts, laws,
-                                   record.tokens, rnd[:, 2 * w + 1 :][:, :k]))
-    laws = torch.where(fresh[..., None], fdp, laws)
-    outputs = torch.full((b,), w, device=dev)
-    acc, _, _, y, y_dist, _ = verify_window(get("sjd"), Maximal(vocab, gens, dev), images,
-                                            torch.where(fresh, fd, drafts), laws, q, pos,
-                                            outputs, rnd, w)
-    keep = torch.arange(w, device=dev) <= acc[:, None]
-    record.write(images, pos, keep, y, 0, keep, q)
-    src = (acc[:, None] + 1 + torch.arange(k, device=dev)).clamp(max=w - 1)
-    laws[images] = y_dist.gather(1, src[..., None].expand(-1, -1, vocab))
+    with _disk_cache(model, batch, cfg, tag) as (stored, store):
+        known = {**(stored or {}), **cached}
+        todo = tuple(w for w in windows if w not in known)
+        if todo:
+            known.update(measure(todo))
+            store(known)
+    _COSTS[model][key] = known
+    return {w: known[w] for w in windows}
 
 
 class WindowPolicy:
@@ -213,16 +144,15 @@ class WindowPolicy:
     def __init__(self, window: int) -> None:
         self.max_window = window
 
-    def begin(self, model, session: Session, cfg: bool, lossless: bool = True) -> None:  # noqa: ANN001
+    def begin(self, model, session: Session, cfg: bool, lossless: bool = True,  # noqa: ANN001
+              measure: Callable | None = None) -> None:  # noqa: B027 - optional hook
         """Called once per decode; `lossless`: whether the rule is exact (policies with priors
-        per kind of rule use it)."""
-        batch, device = session.batch_size, model.device
-        self.windows_sum = torch.zeros(batch, device=device)
-        self.iterations = torch.zeros(batch, device=device)
+        per kind of rule use it); measure(windows): the loop's cost curve (loop.py)."""
 
-    def choose(self, act: torch.Tensor) -> torch.Tensor:
-        """-> window per active image [b] (long)."""
-        return torch.full_like(act, self.max_window)
+    def choose(self, active: torch.Tensor) -> torch.Tensor:
+        """active [B] bool: unfinished images -> the batch's window (a 0-d long tensor on the
+        device: the loop reads it with everything else in its one synchronisation)."""
+        return torch.tensor(self.max_window, device=active.device)
 
     def plain_ar(self) -> bool:
         """True when this policy would never speculate: the loop then decodes autoregressively
@@ -230,22 +160,16 @@ class WindowPolicy:
         return False
 
     def observe(self, act: torch.Tensor, window: torch.Tensor, outputs: torch.Tensor,
-                accepted: torch.Tensor) -> None:
+                accepted: torch.Tensor) -> None:  # noqa: B027 - optional hook
         """Told each active image's window, usable outputs and accepted drafts this iteration."""
-        self.windows_sum[act] += window.float()
-        self.iterations[act] += 1
-
-    def mean_window(self) -> torch.Tensor:
-        """[B] mean window each image got."""
-        return self.windows_sum / self.iterations.clamp(min=1)
 
 
 class AutoWindow(WindowPolicy):
     """Compute-aware window: the W that maximises the batch's expected committed tokens per
     second, sum_i E_i(W) / t(W).
 
-    t(W) is the measured cost of one iteration at window W for this batch (forward with its
-    target-probability work, verification and redrafting; `measure_cost_curve`). E_i(W) =
+    t(W) is the measured cost of one iteration of the loop at window W for this batch (its own
+    step(), timed: `loop.measure_cost_curve`). E_i(W) =
     1 + r_i (E(W) - 1): E(W) is the prior tokens per iteration of a decode that keeps window W
     (`PRIOR_TOKENS` for lossless or relaxed rules, interpolated between the windows listed and
     flat after the last), r_i how image i's accepted drafts compare with what the prior expects
@@ -264,12 +188,11 @@ class AutoWindow(WindowPolicy):
     first draft), so the evidence is weighted over tens of iterations. One W for the whole
     batch: the forward is as wide as its widest window anyway.
 
-    If at the prior no window beats a single token per second by `margin`, the decode is plain
-    AR (`plain_ar`): a compute-bound batch, or a rule whose acceptance cannot pay for the window
-    on this machine. 1.25 because the measured curve still puts a speculative iteration about
-    15 % closer to an AR step than the real loop takes on the built-in model on a 2-core CPU
-    (2.5 vs 2.9 steps at W = 16: allocation and host-side work the stand-in does not repeat),
-    plus 10 % so that speculation that merely breaks even is not chosen.
+    If at the prior no window beats plain AR decoding (the curve's window 0, a measured AR step;
+    else its window 1) by `margin` in tokens per second, the decode is plain AR (`plain_ar`): a
+    compute-bound batch, or a rule whose acceptance cannot pay for the window on this machine.
+    The curve times the loop's real step(), so the margin is only a guard against speculation
+    that merely breaks even (10 %), not a correction of the measurement.
     The choice depends only on the cost curve and on what was already verified, never on the
     drafts it keeps or drops, so every lossless rule stays lossless (tested on the toy model).
     With the curve fixed (cached per process, or given as `cost`) the same seeds and batch give
@@ -280,18 +203,20 @@ class AutoWindow(WindowPolicy):
     def __init__(self, max_window: int = 64, candidates: tuple[int, ...] = CANDIDATES,
                  cost: dict[int, float] | None = None, prior: dict[int, float] | None = None,
                  decay: float = 0.97, strength: float = 64.0, stickiness: float = 1.1,
-                 margin: float = 1.25) -> None:
+                 margin: float = 1.1) -> None:
         super().__init__(max_window)
         self.candidates = tuple(w for w in candidates if w <= max_window) or (max_window,)
         self.cost, self.prior = cost, None if prior is None else dict(prior)
         self.decay, self.strength, self.stickiness, self.margin = (decay, strength, stickiness,
                                                                     margin)
 
-    def begin(self, model, session: Session, cfg: bool, lossless: bool = True) -> None:  # noqa: ANN001
-        super().begin(model, session, cfg)
+    def begin(self, model, session: Session, cfg: bool, lossless: bool = True,  # noqa: ANN001
+              measure: Callable | None = None) -> None:
         batch, device = session.batch_size, model.device
-        curve = self.cost if self.cost is not None else measure_cost_curve(
-            model, session, cfg, self.candidates)
+        if self.cost is None and measure is None:
+            raise ValueError("AutoWindow needs a cost curve: give `cost`, or let the decoding "
+                             "loop measure one")
+        curve = self.cost if self.cost is not None else measure((0, *self.candidates))
         prior = self.prior or PRIOR_TOKENS["lossless" if lossless else "relaxed"]
         self.curve = curve
         self.cand = torch.tensor(self.candidates, device=device)
@@ -301,32 +226,33 @@ class AutoWindow(WindowPolicy):
                                device=device)
         self.seen = torch.zeros(batch, device=device)  # decayed accepted drafts
         self.expected = torch.zeros(batch, device=device)  # decayed prior expectation
-        gain = self._gain(torch.arange(batch, device=device))
+        gain = self._gain(torch.ones(batch, dtype=torch.bool, device=device))
         self.current = gain.argmax()  # index into candidates, kept on the device
-        self._never = bool(gain.max() <= self.margin * gain[self.cand.argmin()])
+        plain = batch / curve[0] if 0 in curve else gain[self.cand.argmin()]
+        self._never = bool(gain.max() <= self.margin * plain)
 
     def plain_ar(self) -> bool:
         return self._never
 
     def content(self, act: torch.Tensor) -> torch.Tensor:
-        """[b] accepted drafts relative to the prior's expectation (1: as the prior)."""
+        """[b] accepted drafts relative to the prior's expectation (1: as the prior); act:
+        image indices or a [B] mask."""
         return (self.seen[act] + self.strength) / (self.expected[act] + self.strength)
 
-    def _gain(self, act: torch.Tensor) -> torch.Tensor:
-        """[candidates] expected committed tokens per second of the active images together."""
-        tokens = 1 + self.content(act)[:, None] * (self.e0 - 1)  # [b, candidates]
-        return tokens.sum(0) / self.t
+    def _gain(self, active: torch.Tensor) -> torch.Tensor:
+        """[candidates] expected committed tokens per second of the active images ([B] mask)."""
+        tokens = 1 + self.content(slice(None))[:, None] * (self.e0 - 1)  # [B, candidates]
+        return (tokens * active[:, None]).sum(0) / self.t
 
-    def choose(self, act: torch.Tensor) -> torch.Tensor:
-        gain = self._gain(act)
+    def choose(self, active: torch.Tensor) -> torch.Tensor:
+        gain = self._gain(active)
         best = gain.argmax()
         self.current = torch.where(gain[best] > self.stickiness * gain[self.current], best,
                                    self.current)
-        return self.cand[self.current].expand_as(act)
+        return self.cand[self.current]
 
     def observe(self, act: torch.Tensor, window: torch.Tensor, outputs: torch.Tensor,
                 accepted: torch.Tensor) -> None:
-        super().observe(act, window, outputs, accepted)
         # Near the end of an image fewer slots are usable: expect what the largest candidate
         # that fits would commit.
         fits = (self.cand[None] <= outputs[:, None]).sum(1).clamp(min=1) - 1

@@ -26,7 +26,7 @@ from ..api import METHODS, generate
 from ..bench.maps import run_lengths
 from ..checks import is_integer, is_number
 from ..config import COUPLINGS, DEFAULT_COUPLING, DEFAULT_DRAFT_INIT, DRAFT_INITS, JacobiConfig
-from ..decoding.rows import check_row_context
+from ..decoding.frontier_rows import check_row_context
 
 LIMITS = {"caption_chars": 300, "window": (1, 64), "row_context": (1, 64), "lam": (0.0, 10.0),
           "delta": (0.0, 1.0),

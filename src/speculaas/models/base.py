@@ -90,8 +90,8 @@ class Session(ABC):
     batch_size: int
 
     @abstractmethod
-    def forward(self, inputs: torch.Tensor, offset: torch.Tensor,
-                images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, inputs: torch.Tensor, offset: torch.Tensor, images: torch.Tensor,
+                max_offset: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Feed a window and return (cond_logits, uncond_logits or None), each [b, L, vocab].
 
         images [b]: which images of the batch these rows are. offset [b]: how many generated
@@ -99,7 +99,9 @@ class Session(ABC):
         token at position n - 1 + j; when n == 0 the first entry is a placeholder and the
         adapter feeds the end of the prompt there. Output slot j is the distribution of
         generated position n + j. Cache entries a row wrote past its committed prefix in an
-        earlier call must not influence the result (rollback by position).
+        earlier call must not influence the result (rollback by position). max_offset: the
+        caller's host copy of offset.max(), if it has one, so the adapter need not read the
+        device to size its attention (every read stalls a GPU).
         """
 
     def forward_packed(self, inputs: torch.Tensor, pos: torch.Tensor, images: torch.Tensor,
@@ -176,7 +178,7 @@ class PrefixDecoderSession(Session):
                 decoder.forward_cached(ids[:, :-1], pos, self.cache, self.all_rows)
 
     @torch.inference_mode()
-    def forward(self, inputs, offset, images):  # noqa: ANN001, ANN201
+    def forward(self, inputs, offset, images, max_offset=None):  # noqa: ANN001, ANN201
         rows = torch.cat([images, images + self.batch_size]) if self.cfg else images
         ids = inputs + self.token_offset
         ids[:, 0] = torch.where(offset == 0, self.last_prompt[images], ids[:, 0])
@@ -185,8 +187,11 @@ class PrefixDecoderSession(Session):
         pos = self.prompt_len - 1 + offset[:, None] + torch.arange(ids.shape[1], device=ids.device)
         # Slots past a row's last position carry no information; park them on the last cache
         # slot, which no valid query ever reads.
-        pos = pos.clamp(max=self.decoder.cfg.max_len - 1)
-        logits = self.decoder.forward_cached(ids, pos, self.cache, rows)
+        last = self.decoder.cfg.max_len - 1
+        pos = pos.clamp(max=last)
+        span = (None if max_offset is None
+                else min(self.prompt_len - 2 + max_offset + ids.shape[1], last) + 1)
+        logits = self.decoder.forward_cached(ids, pos, self.cache, rows, span)
         if self.cfg:
             cond, uncond = logits.chunk(2)
             return cond, uncond

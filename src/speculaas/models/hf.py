@@ -99,7 +99,7 @@ class PerImageCacheSession(Session):
                 self.last.append(rows[:, -1])  # the prompt's last token opens the first window
 
     @torch.inference_mode()
-    def forward(self, inputs, offset, images):  # noqa: ANN001, ANN201
+    def forward(self, inputs, offset, images, max_offset=None):  # noqa: ANN001, ANN201
         cond, uncond = [], []
         for row, (i, n) in enumerate(zip(images.tolist(), offset.tolist(), strict=True)):
             rollback(self.caches[i], self.prompt_len[i] - 1 + n)

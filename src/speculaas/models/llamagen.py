@@ -198,14 +198,14 @@ class LlamaGenGPT(nn.Module):
 
     def forward_cached(
         self, x: torch.Tensor, pos: torch.Tensor, cache: dict, rows: torch.Tensor,
-        packed: tuple[torch.Tensor, torch.Tensor] | None = None,
+        packed: tuple[torch.Tensor, torch.Tensor] | None = None, span: int | None = None,
     ) -> torch.Tensor:
         """x [R, L, dim] embeddings at positions pos [R, L] of cache rows `rows` -> logits.
 
         packed = (mask [R, L, S], write [R, L]): store the keys at cache columns `write` and let
         each query see the first S columns as the mask says (Session.forward_packed)."""
         if packed is None:
-            span = int(pos.max()) + 1
+            span = int(pos.max()) + 1 if span is None else span
             keys = torch.arange(span, device=x.device)
             visible = keys[None, None, :] <= pos[:, :, None]
             # Padded caption positions are hidden, except from themselves (no empty softmax rows).
@@ -508,7 +508,7 @@ class _LlamaGenSession(Session):
                 )
 
     @torch.inference_mode()
-    def forward(self, inputs, offset, images):  # noqa: ANN001, ANN201
+    def forward(self, inputs, offset, images, max_offset=None):  # noqa: ANN001, ANN201
         rows = torch.cat([images, images + self.batch_size]) if self.cfg else images
         if self.cfg:
             inputs, offset = torch.cat([inputs, inputs]), torch.cat([offset, offset])
@@ -517,7 +517,9 @@ class _LlamaGenSession(Session):
         x = torch.cat([torch.where(first, self.last[rows].to(x.dtype), x[:, :1]), x[:, 1:]], 1)
         pos = self.prefix - 1 + offset[:, None] + torch.arange(inputs.shape[1], device=x.device)
         pos = pos.clamp(max=self.gpt.max_len)  # slots past the image: a spare cache slot
-        logits = self.gpt.forward_cached(x, pos, self.cache, rows)
+        span = (None if max_offset is None
+                else min(self.prefix - 2 + max_offset + inputs.shape[1], self.gpt.max_len) + 1)
+        logits = self.gpt.forward_cached(x, pos, self.cache, rows, span=span)
         if self.cfg:
             cond, uncond = logits.chunk(2)
             return cond, uncond

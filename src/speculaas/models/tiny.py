@@ -205,7 +205,7 @@ class _ToySession(Session):
         self.batch_size = batch
         self.seqs = torch.zeros(batch, model.length + 64, dtype=torch.long, device=model.device)
 
-    def forward(self, inputs, offset, images):  # noqa: ANN001, ANN201
+    def forward(self, inputs, offset, images, max_offset=None):  # noqa: ANN001, ANN201
         length = inputs.shape[1]
         pos = offset[:, None] - 1 + torch.arange(length, device=inputs.device)  # [b, L]
         write = (pos >= 0).to(inputs.dtype)

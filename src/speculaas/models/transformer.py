@@ -154,14 +154,16 @@ class Decoder(nn.Module):
         return KVCache(self.cfg, rows, p.device, p.dtype)
 
     def forward_cached(
-        self, ids: torch.Tensor, pos: torch.Tensor, cache: KVCache, rows: torch.Tensor
+        self, ids: torch.Tensor, pos: torch.Tensor, cache: KVCache, rows: torch.Tensor,
+        span: int | None = None,
     ) -> torch.Tensor:
         """ids [R, L] placed at positions pos [R, L] of cache rows `rows` [R].
 
         Keys beyond a query's own position are masked, so whatever stale window a row left in
-        its cache past its committed length is never seen. Returns logits [R, L, vocab_out].
+        its cache past its committed length is never seen. span: pos.max() + 1 if the caller
+        knows it (else read from the device). Returns logits [R, L, vocab_out].
         """
-        span = int(pos.max()) + 1
+        span = int(pos.max()) + 1 if span is None else span
         if span > self.cfg.max_len:
             raise ValueError(
                 f"sequence of {span} positions exceeds the model's max_len {self.cfg.max_len}"

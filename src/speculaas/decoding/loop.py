@@ -1,0 +1,200 @@
+"""The decoding loop: one step() for every decoding order, over one DecodeState.
+
+One iteration, for every segment the frontier plans (a window of an image: the committed token
+before `start`, then drafts d_0 .. d_{K-1} for positions start .. start + K - 1):
+  drafts   those waiting at the segment's positions (stored by position), fresh ones after them
+           from the drafter's initialiser, forced tokens where the layout requires them
+  forward  one target forward over every segment -> q_0 .. q_K, the targets of start .. start + K
+  verify   the rule tests d_j against q_j; the extra token at the first rejection comes from the
+           rule's residual (or is a bonus from q_K); the coupling redrafts the tail (verify.py)
+  commit   accepted drafts and the extra token; the tail's tokens become drafts with their laws
+The KV cache needs no explicit rollback: each image writes its next window at its committed
+positions and attention masks keys beyond the query's position.
+
+Host synchronisation: one per iteration, the `.tolist()` of the frontier's summary (committed
+counts, the window the policy chose) together with the finiteness flag of the previous
+iteration's targets; everything else stays on the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+
+import torch
+
+from ..acceptance.base import AcceptanceRule
+from ..config import JacobiConfig, SamplingConfig
+from ..models.base import ImageModel, Session
+from ..sampling import explain_nonfinite, target_probs
+from .autoregressive import AutoregressiveLoop, autoregressive_decode
+from .drafting import COUPLINGS, FRESH_INITS, FreshSlots
+from .frontier import Frontier, Raster
+from .frontier_rows import Rows
+from .result import DecodeResult
+from .state import DecodeState
+from .verify import Window, settle, verify
+from .window import WindowPolicy, cost_curve, make_policy
+
+
+class Loop:
+    def __init__(self, model: ImageModel, session: Session, rule: AcceptanceRule,
+                 sampling: SamplingConfig, jacobi: JacobiConfig, frontier: Frontier,
+                 generators: list[torch.Generator], progress=None, profile: bool = False,  # noqa: ANN001
+                 ) -> None:
+        self.model, self.session, self.rule, self.sampling = model, session, rule, sampling
+        self.frontier, self.progress, self.profile = frontier, progress, profile
+        vocab, dev, length = model.vocab_size, model.device, model.layout.length
+        self.init = FRESH_INITS[jacobi.draft_init](vocab, length // model.layout.grid[0])
+        self.coupling = COUPLINGS[jacobi.coupling](vocab)
+        self.state = self.new_state(generators)
+        self.finite = torch.ones((), dtype=torch.bool, device=dev)
+        self.logits: tuple | None = None
+        self.committed = 0
+
+    def new_state(self, generators: list[torch.Generator]) -> DecodeState:
+        m = self.model
+        state = DecodeState.new(generators, m.layout.length, m.vocab_size,
+                                self.frontier.ring(m), self.frontier.max_window, m.device)
+        self.init.begin(state.memory, generators, m.device)
+        self.coupling.begin(state.memory, generators, m.device)
+        return state
+
+    def check(self, host_flag: int) -> None:
+        if not host_flag:
+            explain_nonfinite(*self.logits, self.sampling)
+
+    def step(self) -> bool:
+        """One iteration; False (and nothing done) when every image is finished."""
+        s, f = self.state, self.frontier
+        host = torch.cat([s.count, f.summary(s), self.finite.long().view(1)]).tolist()
+        self.check(host[-1])
+        counts = host[: s.batch]
+        if self.progress is not None:
+            self.progress.update(sum(counts) - self.committed)
+            self.committed = sum(counts)
+        plan = f.plan(s, counts, host[s.batch : -1])
+        if plan is None:
+            return False
+        L = plan.pos.shape[1]
+        K, dev = L - 1, plan.pos.device
+        u = s.uniforms(plan.images, plan.segments, plan.window).take(plan.urow)
+        dpos = plan.pos[:, :K]
+        d, dp, n_rec = s.drafts_at(plan.img, dpos)
+        fresh = torch.arange(K, device=dev) >= n_rec[:, None]
+        fd, fdp = self.init.fill(FreshSlots(plan.img, dpos, fresh, plan.start, plan.start + n_rec,
+                                            d, dp, s.tokens, u.fresh[:, :K], s.memory))
+        d = torch.where(fresh, fd, d)
+        dp = torch.where(fresh[..., None], fdp, dp)
+        forced = None if plan.forced is None else plan.forced[:, :K]
+        if forced is not None:
+            d = torch.where(forced >= 0, forced, d)
+            dp = torch.where((forced >= 0)[..., None], _onehot(forced, dp), dp)
+
+        cond, uncond = f.forward(self.session, plan, s, d)
+        q = target_probs(cond, uncond, self.sampling, self.model.layout.structural, check=False)
+        self.finite, self.logits = torch.isfinite(q.sum(-1)).all(), (cond, uncond)
+        if plan.forced is not None:
+            q = torch.where((plan.forced >= 0)[..., None], _onehot(plan.forced, q), q)
+
+        w = Window(plan.img, plan.pos, d, dp, q, plan.outputs, forced, plan.ragged)
+        v = verify(self.rule, self.coupling, w, u, s.memory, self.profile)
+        c = settle(w, v, plan.takes_extra, f.limit(plan, v))
+        self.init.committed(s.memory, plan.img, plan.pos, c.keep, q)
+        s.commit(plan.img, plan.pos, c.keep, c.tokens, c.drafted, q)
+        s.keep_drafts(plan.img, plan.pos, c.tail, c.tokens, c.laws)
+        f.observe(s, plan, v, c)
+        s.iteration += 1
+        s.rule_seconds += v.rule_seconds
+        return True
+
+    def run(self) -> DecodeResult:
+        while self.step():
+            pass
+        self.check(bool(self.finite))
+        return self.state.result()
+
+
+def _onehot(tokens: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.one_hot(tokens.clamp(min=0), like.shape[-1]).to(like.dtype)
+
+
+@torch.inference_mode()
+def decode(model: ImageModel, session: Session, rule: AcceptanceRule, sampling: SamplingConfig,
+           jacobi: JacobiConfig, generators: list[torch.Generator], progress=None,  # noqa: ANN001
+           profile: bool = False, policy: WindowPolicy | None = None) -> DecodeResult:
+    """Speculative Jacobi decoding of a batch; jacobi.row_context picks the frontier (raster
+    order under a window policy, or several rows at once). A policy that would never speculate
+    decodes plain AR."""
+    if jacobi.row_context is not None:
+        frontier: Frontier = Rows(model, int(jacobi.window), int(jacobi.row_context))
+    else:
+        policy = make_policy(jacobi.window) if policy is None else policy
+        frontier = Raster(model, policy, batch_min=jacobi.advance == "batch_min")
+    loop = Loop(model, session, rule, sampling, jacobi, frontier, generators, progress, profile)
+
+    def measure(windows: tuple[int, ...]) -> dict[int, float]:
+        return measure_cost_curve(model, session, sampling, windows, rule, jacobi)
+
+    frontier.begin(model, session, loop.state, sampling.uses_cfg, rule.lossless, measure)
+    if isinstance(frontier, Raster) and frontier.policy.plain_ar():
+        res = autoregressive_decode(model, session, sampling, generators, progress)
+        hist = torch.zeros(len(generators), frontier.max_window, dtype=torch.long,
+                           device=model.device)
+        hist[:, 0] = res.iterations
+        return dataclasses.replace(res, accept_hist=hist,
+                                   mean_window=torch.ones(len(generators), device=model.device))
+    return loop.run()
+
+
+def measure_cost_curve(model: ImageModel, session: Session, sampling: SamplingConfig,
+                       windows: tuple[int, ...], rule: AcceptanceRule | None = None,
+                       jacobi: JacobiConfig | None = None, rounds: int = 2) -> dict[int, float]:
+    """Median wall time of one iteration of this loop at each window size for this batch, in
+    seconds; window 0 is one step of plain AR decoding. What is timed is step() itself, with
+    the decode's rule and drafter, from a state half-way through the images (no drafts waiting:
+    every draft slot is fresh). Each round times every window four times after one untimed call
+    at that window (a decode repeats its window, so caches are warm for it; rounds spread drift
+    from a cold start or a busy neighbour over all windows alike). Runs on the decode's own
+    session: what a window writes past a committed prefix never influences later results (the
+    Session contract), so the measurement leaves no trace. Cached (window.cost_curve)."""
+    from ..acceptance import get
+
+    rule = get("sjd") if rule is None else rule
+    jacobi = JacobiConfig(window=max(windows)) if jacobi is None else jacobi
+    length, batch, dev = model.layout.length, session.batch_size, model.device
+
+    def time_all(todo: tuple[int, ...]) -> dict[int, float]:
+        times: dict[int, list[float]] = {w: [] for w in todo}
+        start = max(0, min(length // 2, length - max(todo)))
+        for _ in range(rounds):
+            for w in todo:
+                gens = [torch.Generator(device=dev).manual_seed(i) for i in range(batch)]
+                if w == 0:
+                    ar = AutoregressiveLoop(model, session, sampling, gens)
+                    step = lambda ar=ar: ar.step(start)  # noqa: E731
+                else:
+                    loop = Loop(model, session, rule, sampling, jacobi,
+                                Raster(model, WindowPolicy(w)), gens)
+                    step = loop.step
+                for call in range(5):
+                    if w:
+                        loop.state = loop.new_state(gens)
+                        loop.state.committed_prefix(start)
+                    _sync(dev)
+                    t0 = time.perf_counter()
+                    step()
+                    _sync(dev)
+                    if call:
+                        times[w].append(time.perf_counter() - t0)
+        return {w: statistics.median(t) for w, t in times.items()}
+
+    tag = f"{rule.name}/{jacobi.draft_init}/{jacobi.coupling}"
+    with torch.inference_mode():
+        return cost_curve(model, batch, sampling.uses_cfg, tag, windows, time_all)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

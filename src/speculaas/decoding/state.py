@@ -1,0 +1,179 @@
+"""DecodeState: every per-image tensor of one decode, and the named layout of its random streams.
+
+Everything is indexed by image (the batch row) and, where it varies along the image, by
+generated position, so the decoding order (raster, several rows, later trees) is only a choice of
+which positions each image runs next (frontier.py). B images, T generated positions, V
+vocabulary, R draft slots kept per image (frontier-chosen: a window's worth in raster order,
+the whole image when several rows draft at once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..acceptance.functional import entropy
+from .result import DecodeResult
+
+
+@dataclass(frozen=True)
+class Uniforms:
+    """The uniforms of one verified segment of up to `window` slots, by use ([G, window] each,
+    extra [G]). Every verified segment of an image takes one block of `count(window)` from the
+    image's own stream, so the stream does not depend on the batch.
+
+    accept: the test of draft slot j (reused by a coupling's keep-or-redraw of tail slot j,
+        whose verification decided nothing). redraw: the coupling's new token at tail slot j.
+    extra: the token committed after the accepted drafts (residual or bonus). fresh: the
+        fresh-slot initialiser's token at slot j.
+    """
+
+    accept: torch.Tensor
+    redraw: torch.Tensor
+    extra: torch.Tensor
+    fresh: torch.Tensor
+
+    @staticmethod
+    def count(window: int) -> int:
+        return 3 * window + 1
+
+    @classmethod
+    def split(cls, block: torch.Tensor, window: int) -> Uniforms:
+        """[G, count(window)] -> the four uses."""
+        w = window
+        return cls(block[:, :w], block[:, w : 2 * w], block[:, 2 * w], block[:, 2 * w + 1 :])
+
+    def take(self, rows: torch.Tensor) -> Uniforms:
+        """The blocks of rows [G] (several segments of a plan may share an unused block)."""
+        return Uniforms(self.accept[rows], self.redraw[rows], self.extra[rows], self.fresh[rows])
+
+
+@dataclass
+class DecodeState:
+    """One decode's per-image record.
+
+    tokens, step, drafted, entropy [B, T + 1]: per generated position the committed token, the
+    iteration that committed it (-1: not yet), whether it was an accepted draft, and the entropy
+    of the target that decided it; column T absorbs writes of slots that commit nothing.
+    count [B]: committed positions. draft_tokens [B, R + 1], draft_laws [B, R + 1, V],
+    has_draft [B, R + 1]: the drafts waiting for verification, at column position % R (column R
+    absorbs writes); a draft's law is the distribution it was drawn from. forward_passes [B],
+    accept_hist [B, W] (iterations that accepted 0 .. W - 1 drafts), window_sum [B] and
+    iterations [B] (for the mean window). memory: per-image tensors of the other parts (a
+    drafter's ring of targets, the Gumbel keys, the window policy's running acceptance, which
+    keys the cache holds in two-dimensional order), each [B, ...], named by their owner.
+    generators: one random stream per image.
+    """
+
+    length: int
+    vocab: int
+    generators: list[torch.Generator]
+    tokens: torch.Tensor
+    step: torch.Tensor
+    drafted: torch.Tensor
+    entropy: torch.Tensor
+    count: torch.Tensor
+    draft_tokens: torch.Tensor
+    draft_laws: torch.Tensor
+    has_draft: torch.Tensor
+    forward_passes: torch.Tensor
+    accept_hist: torch.Tensor
+    window_sum: torch.Tensor
+    iterations: torch.Tensor
+    iteration: int = 0
+    rule_seconds: float = 0.0
+    memory: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def new(cls, generators: list[torch.Generator], length: int, vocab: int, ring: int,
+            max_window: int, device: torch.device, dtype: torch.dtype = torch.float32,
+            ) -> DecodeState:
+        b = len(generators)
+
+        def zeros(*shape: int, **kw) -> torch.Tensor:  # noqa: ANN003
+            return torch.zeros(*shape, device=device, **kw)
+
+        return cls(length=length, vocab=vocab, generators=generators,
+                   tokens=zeros(b, length + 1, dtype=torch.long),
+                   step=torch.full((b, length + 1), -1, dtype=torch.long, device=device),
+                   drafted=zeros(b, length + 1, dtype=torch.bool), entropy=zeros(b, length + 1),
+                   count=zeros(b, dtype=torch.long),
+                   draft_tokens=zeros(b, ring + 1, dtype=torch.long),
+                   draft_laws=zeros(b, ring + 1, vocab, dtype=dtype),
+                   has_draft=zeros(b, ring + 1, dtype=torch.bool),
+                   forward_passes=zeros(b, dtype=torch.long),
+                   accept_hist=zeros(b, max_window, dtype=torch.long),
+                   window_sum=zeros(b), iterations=zeros(b))
+
+    @property
+    def batch(self) -> int:
+        return len(self.generators)
+
+    @property
+    def ring(self) -> int:
+        return self.draft_tokens.shape[1] - 1
+
+    def committed_prefix(self, start: int) -> None:
+        """Mark positions 0 .. start - 1 committed (token 0) for every image: a state that looks
+        half-way through its images, for timing an iteration."""
+        self.step[:, :start] = 0
+        self.count.fill_(start)
+
+    def uniforms(self, images: list[int], segments: list[int], window: int) -> Uniforms:
+        """One block per verified segment, image-major: image images[i] draws segments[i]
+        blocks from its own stream in one call. -> Uniforms over sum(segments) rows."""
+        per = Uniforms.count(window)
+        dev = self.count.device
+        blocks = [torch.rand(k * per, generator=self.generators[i], device=dev).view(k, per)
+                  for i, k in zip(images, segments, strict=True) if k]
+        return Uniforms.split(torch.cat(blocks), window)
+
+    # Drafts, by position. ---------------------------------------------------------------------
+
+    def _column(self, pos: torch.Tensor, where: torch.Tensor | None = None) -> torch.Tensor:
+        col = pos.remainder(self.ring)
+        return col if where is None else torch.where(where, col, self.ring)
+
+    def drafts_at(self, img: torch.Tensor, pos: torch.Tensor,
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Drafts waiting at positions pos [G, K] of images img [G]: tokens [G, K], laws
+        [G, K, V], and how many leading positions hold one [G] (the rest are fresh slots)."""
+        col = self._column(pos)
+        rows = img[:, None]
+        has = self.has_draft[rows, col] & (pos < self.length)
+        return (self.draft_tokens[rows, col], self.draft_laws[rows, col],
+                has.long().cumprod(1).sum(1))
+
+    def keep_drafts(self, img: torch.Tensor, pos: torch.Tensor, where: torch.Tensor,
+                    tokens: torch.Tensor, laws: torch.Tensor) -> None:
+        """Store the next drafts tokens [G, L] with their laws [G, L, V] at pos [G, L] where
+        `where` [G, L]."""
+        col, rows = self._column(pos, where), img[:, None]
+        self.draft_tokens[rows, col] = tokens
+        self.draft_laws[rows, col] = laws
+        self.has_draft[rows, col] = True
+        self.has_draft[:, self.ring] = False
+
+    # Commits. ---------------------------------------------------------------------------------
+
+    def commit(self, img: torch.Tensor, pos: torch.Tensor, keep: torch.Tensor,
+               tokens: torch.Tensor, drafted: torch.Tensor, target_probs: torch.Tensor) -> None:
+        """Commit tokens [G, L] at positions pos [G, L] of images img [G] where keep [G, L];
+        drafted [G, L]: accepted drafts; target_probs [G, L, V]: what decided them."""
+        rows, cols = img[:, None], torch.where(keep, pos, self.length)
+        self.tokens[rows, cols] = tokens
+        self.step[rows, cols] = self.iteration
+        self.drafted[rows, cols] = drafted
+        self.entropy[rows, cols] = entropy(target_probs)
+        self.count.index_add_(0, img, keep.sum(1))
+        self.has_draft[rows, self._column(pos, keep)] = False  # a committed draft is used up
+        self.has_draft[:, self.ring] = False
+
+    def result(self) -> DecodeResult:
+        n = self.length
+        return DecodeResult(tokens=self.tokens[:, :n], forward_passes=self.forward_passes,
+                            commit_step=self.step[:, :n], drafted=self.drafted[:, :n],
+                            entropy=self.entropy[:, :n], accept_hist=self.accept_hist,
+                            iterations=self.iteration, rule_seconds=self.rule_seconds,
+                            mean_window=self.window_sum / self.iterations.clamp(min=1))
