@@ -21,6 +21,12 @@ def tiny():
     return sp.load_model("tiny", vocab_size=12, grid=(3, 5), seed=0)
 
 
+@pytest.fixture(scope="session")
+def builtin():
+    import speculaas as sp
+    return sp.load_model("builtin")
+
+
 def check_rollback(model, prompt, sequence, vocab, cfg=True, split=5, atol=1e-4):
     """Feed junk windows between two real ones: after the cache rolls back by position, the
     logits equal a fresh forward pass over the committed prefix (to `atol`)."""
