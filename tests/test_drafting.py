@@ -167,3 +167,52 @@ def test_gumbel_noise_is_fixed_per_position_and_independent_across_keys():
     assert not torch.equal(g[0], g[1]) and not torch.equal(g[0, 0], g[0, 1])
     # a standard Gumbel: mean 0.5772, variance pi^2 / 6
     assert abs(g.mean().item() - 0.5772) < 0.02 and abs(g.var().item() - 1.6449) < 0.05
+
+
+class UniformlyDeclaredVerticalSample(drafting.VerticalSampleInit):
+    """Wrong on purpose: samples from the distribution above but declares it uniform."""
+
+    name = "vertical_sample-uniform-law"
+
+    def fill(self, s):
+        tokens, probs = super().fill(s)
+        return tokens, self._uniform_probs(s).expand_as(probs)
+
+
+@pytest.fixture
+def toy3x2():
+    # 3 rows of 2 over a binary vocabulary: fresh slots whose row above is committed or a draft
+    # still in the window are verified at windows 3 and 4.
+    return sp.load_model("toy", vocab_size=2, length=6, seed=1, rows=3)
+
+
+@pytest.mark.parametrize(("draft_init", "coupling", "window", "exact"), [
+    ("vertical_sample", "none", 3, True), ("vertical_sample", "maximal", 4, True),
+    ("vertical", "maximal", 3, True), ("vertical_sample-uniform-law", "none", 3, False),
+])
+def test_drafts_from_the_row_above_are_exact(toy3x2, monkeypatch, draft_init, coupling, window,
+                                             exact):
+    """Fresh drafts really taken from the row above (asserted), verified: the declared law
+    keeps SJD exact; declaring the wrong law (the negative control) is caught."""
+    monkeypatch.setitem(drafting.FRESH_INITS, UniformlyDeclaredVerticalSample.name,
+                        UniformlyDeclaredVerticalSample)
+    monkeypatch.setattr("speculaas.config.DRAFT_INITS",
+                        DRAFT_INITS + (UniformlyDeclaredVerticalSample.name,))
+    from_above = {"committed": 0, "draft": 0}
+    above = drafting.FreshInit._above
+
+    def counted(self, s):  # noqa: ANN001, ANN202
+        src, has, committed = above(self, s)
+        verified = s.fresh & has & (s.pos < toy3x2.layout.length - 1)  # a draft slot tested
+        from_above["committed"] += int((verified & committed).sum())
+        from_above["draft"] += int((verified & ~committed).sum())
+        return src, has, committed
+
+    monkeypatch.setattr(drafting.FreshInit, "_above", counted)
+    sampling = SamplingConfig()
+    counts = sample_sequences(toy3x2, sp.acceptance.get("sjd"),
+                              JacobiConfig(window=window, draft_init=draft_init,
+                                           coupling=coupling), sampling)
+    p = chi_square_p(counts, toy3x2.exact_distribution(sampling))
+    assert from_above["committed"] > 1000 and (window == 3 or from_above["draft"] > 1000)
+    assert (p > ALPHA) if exact else (p < ALPHA), (p, from_above)
