@@ -180,13 +180,24 @@ def _decode_options(cfg: BenchConfig, v: Variant) -> dict:
 def run(cfg: BenchConfig) -> dict | None:
     """Run (or resume) the benchmark; returns the summary on rank 0, None elsewhere."""
     from accelerate import PartialState
+
+    state = PartialState(cpu=not torch.cuda.is_available())
+    try:
+        return _run(cfg, state)
+    finally:
+        # A process that exits with its process group alive can abort in the communication
+        # threads' teardown ("terminate called without an active exception").
+        if state.num_processes > 1 and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def _run(cfg: BenchConfig, state) -> dict | None:  # noqa: ANN001
     from tqdm import tqdm
 
     from .. import load_model
     from .prompts import load_prompts
     from .report import write_report
 
-    state = PartialState(cpu=not torch.cuda.is_available())
     say = print if state.is_main_process else (lambda *a, **k: None)
     cfg.out.mkdir(parents=True, exist_ok=True)
     device = cfg.device if state.num_processes == 1 or cfg.device == "cpu" else state.device
