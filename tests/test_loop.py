@@ -48,8 +48,8 @@ def _count_syncs_per_step(monkeypatch) -> list[int]:  # noqa: ANN001
 ])
 def test_one_host_synchronisation_per_iteration(builtin, monkeypatch, method, options):
     counts = _count_syncs_per_step(monkeypatch)
-    out = sp.generate(builtin, ["a big red circle on the left over grass", "a small blue square"
-                                " on the right at sunset"], method=method, seed=0,
-                      decode_images=False, **options)
+    captions = ["a big red circle on the left over grass",
+                "a small blue square on the right at sunset"]
+    out = sp.generate(builtin, captions, method=method, seed=0, decode_images=False, **options)
     assert len(counts) == int(out.forward_passes.max()) + 1  # the last finds all finished
     assert max(counts) == 1, counts[:20]

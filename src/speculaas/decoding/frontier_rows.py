@@ -129,8 +129,8 @@ class Rows(Frontier):
                                          torch.zeros_like(verified[:, :1])], 1)
         flush = ~verified & (c > 0) & ~cached.gather(1, start) & ~shadowed & active
         n_in = torch.where(verified | flush, outputs.clamp(min=1), 0)  # input slots per row
-        self.rows = dict(start=start, outputs=outputs, top=top, above=above,
-                         real=(c > 0) | (ids == 0) | (above == cols))
+        self.rows = {"start": start, "outputs": outputs, "top": top, "above": above,
+                     "real": (c > 0) | (ids == 0) | (above == cols)}
         return torch.cat([(verified | flush).flatten(), verified.flatten(), outputs.flatten(),
                           n_in.flatten()]).long()
 

@@ -150,15 +150,17 @@ def decode(model: ImageModel, session: Session, rule: AcceptanceRule, sampling: 
 
 def measure_cost_curve(model: ImageModel, session: Session, sampling: SamplingConfig,
                        windows: tuple[int, ...], rule: AcceptanceRule | None = None,
-                       jacobi: JacobiConfig | None = None, rounds: int = 2) -> dict[int, float]:
+                       jacobi: JacobiConfig | None = None, sweeps: int = 6) -> dict[int, float]:
     """Median wall time of one iteration of this loop at each window size for this batch, in
     seconds; window 0 is one step of plain AR decoding. What is timed is step() itself, with
     the decode's rule and drafter, from a state half-way through the images (no drafts waiting:
-    every draft slot is fresh). Each round times every window four times after one untimed call
-    at that window (a decode repeats its window, so caches are warm for it; rounds spread drift
-    from a cold start or a busy neighbour over all windows alike). Runs on the decode's own
-    session: what a window writes past a committed prefix never influences later results (the
-    Session contract), so the measurement leaves no trace. Cached (window.cost_curve)."""
+    every draft slot is fresh). Each sweep runs every window twice and times the second call (a
+    decode repeats its window, so caches are warm for it); sweeps interleave the windows so that
+    drift from a cold start or a busy neighbour hits all of them alike: on a 2-core CPU the same
+    step varies by 20 % from one second to the next, and AR and speculation are compared by
+    ratio. Runs on the decode's own session: what a window writes past a committed prefix never
+    influences later results (the Session contract), so the measurement leaves no trace.
+    Cached (window.cost_curve)."""
     from ..acceptance import get
 
     rule = get("sjd") if rule is None else rule
@@ -166,25 +168,21 @@ def measure_cost_curve(model: ImageModel, session: Session, sampling: SamplingCo
     length, batch, dev = model.layout.length, session.batch_size, model.device
 
     def time_all(todo: tuple[int, ...]) -> dict[int, float]:
-        times: dict[int, list[float]] = {w: [] for w in todo}
         start = max(0, min(length // 2, length - max(todo)))
-        for _ in range(rounds):
+        gens = [torch.Generator(device=dev).manual_seed(i) for i in range(batch)]
+        ar = AutoregressiveLoop(model, session, sampling, gens)
+        loops = {w: Loop(model, session, rule, sampling, jacobi, Raster(model, WindowPolicy(w)),
+                         gens) for w in todo if w}
+        times: dict[int, list[float]] = {w: [] for w in todo}
+        for _ in range(sweeps):
             for w in todo:
-                gens = [torch.Generator(device=dev).manual_seed(i) for i in range(batch)]
-                if w == 0:
-                    ar = AutoregressiveLoop(model, session, sampling, gens)
-                    step = lambda ar=ar: ar.step(start)  # noqa: E731
-                else:
-                    loop = Loop(model, session, rule, sampling, jacobi,
-                                Raster(model, WindowPolicy(w)), gens)
-                    step = loop.step
-                for call in range(5):
+                for call in range(2):
                     if w:
-                        loop.state = loop.new_state(gens)
-                        loop.state.committed_prefix(start)
+                        loops[w].state = loops[w].new_state(gens)
+                        loops[w].state.committed_prefix(start)
                     _sync(dev)
                     t0 = time.perf_counter()
-                    step()
+                    loops[w].step() if w else ar.step(start)
                     _sync(dev)
                     if call:
                         times[w].append(time.perf_counter() - t0)
