@@ -193,3 +193,40 @@ def test_c2i_two_dimensional_window(c2i):
     diag = sp.generate(c2i, [3, 7, None], row_context=1, **kw)
     assert (diag.commit_step[:, 1:, 0] < diag.commit_step[:, :-1, -1]).any()
     assert (diag.commit_step >= 0).all()
+
+
+def test_t2i_unconditional_rows_see_the_caption_padding_mask(files):
+    """LlamaGen masks the null rows with the caption's padding mask: the unconditional logits
+    ignore uncond_embedding at the caption's padded positions and follow it elsewhere."""
+    out, _ = files
+    model = sp.load_model("llamagen", str(out / "t2i_tiny_64.pt"), image_size=GRID * 16,
+                          n_head=4)
+    torch.manual_seed(5)
+    cap = {"embedding": torch.randn(6, 24),
+           "mask": torch.tensor([False, False, False, True, True, True])}
+    table = model.gpt.cls_embedding.uncond_embedding
+
+    def uncond_logits():  # noqa: ANN202
+        session = model.start([cap], cfg=True)
+        _, uncond = session.forward(torch.zeros(1, 1, dtype=torch.long), torch.tensor([0]),
+                                    torch.tensor([0]))
+        return uncond[0, 0]
+
+    base = uncond_logits()
+    saved = table.detach().clone()
+    with torch.no_grad():
+        try:
+            table[:3] += 5.0  # padded positions of the caption
+            assert torch.allclose(uncond_logits(), base, atol=1e-5)
+            table[3] += 5.0  # a position the caption uses
+            assert not torch.allclose(uncond_logits(), base, atol=1e-3)
+        finally:
+            table.copy_(saved)
+    ar = sp.generate(model, [cap, None], method="ar", top_k=1, cfg_scale=4.0,
+                     decode_images=False)
+    sjd = sp.generate(model, [cap, None], method="sjd", top_k=1, cfg_scale=4.0, window=6,
+                      decode_images=False)
+    assert torch.equal(ar.tokens, sjd.tokens)
+    with pytest.raises(ValueError, match="caption mask"):
+        sp.generate(model, [{"embedding": cap["embedding"], "mask": torch.ones(4, dtype=bool)}],
+                    method="ar")

@@ -181,13 +181,22 @@ class LlamaGenGPT(nn.Module):
         uncond = self.cls_embedding.uncond_embedding
         for p in prompts:
             emb, mask = (p.get("embedding"), p.get("mask")) if isinstance(p, dict) else (p, None)
-            if p is None or null:
+            if p is None:
                 emb, mask = uncond, None
+            elif null:
+                # The null rows keep the caption's own padding mask, as LlamaGen's generate()
+                # and its training (the caption drop swaps the embedding, not the mask) do.
+                emb = uncond
             if not isinstance(emb, torch.Tensor) or tuple(emb.shape) != tuple(uncond.shape):
                 raise ValueError(
                     f"LlamaGen t2i prompts are caption embeddings of shape "
                     f"{tuple(uncond.shape)} (or dicts with 'embedding' and 'mask')"
                 )
+            if mask is not None and (not isinstance(mask, torch.Tensor)
+                                     or tuple(mask.shape) != (len(uncond),)):
+                raise ValueError(f"a LlamaGen t2i caption mask is a bool tensor of shape "
+                                 f"({len(uncond)},), got "
+                                 f"{getattr(mask, 'shape', type(mask).__name__)}")
             caps.append(emb.to(dev, uncond.dtype))
             masks.append(
                 torch.ones(len(uncond), dtype=torch.bool, device=dev)
