@@ -39,3 +39,19 @@ def test_row_context_flag(tmp_path):
                                 "--row-context", "1", "--out", str(out)],
                          capture_output=True, text=True)
     assert res.returncode == 2 and "needs a speculative method" in res.stderr
+
+
+def test_train_takes_the_documented_options(tmp_path, monkeypatch):
+    """`speculaas train --out DIR ...` (the README's command) reaches the training script with
+    its options; --help lists them; unknown options of other commands stay errors."""
+    from speculaas import cli
+    from speculaas.models.builtin import train
+
+    seen = {}
+    monkeypatch.setattr(train, "train", lambda cfg, out: seen.update(cfg=cfg, out=out))
+    cli.main(["train", "--out", str(tmp_path / "run"), "--ar-steps", "7"])
+    assert seen["out"] == tmp_path / "run" and seen["cfg"].ar_steps == 7
+    res = subprocess.run(CLI + ["train", "--help"], capture_output=True, text=True)
+    assert res.returncode == 0 and "--out" in res.stdout and "--ar-steps" in res.stdout
+    res = subprocess.run(CLI + ["captions", "--out", "x"], capture_output=True, text=True)
+    assert res.returncode == 2 and "unrecognized arguments: --out x" in res.stderr

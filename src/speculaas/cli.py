@@ -239,10 +239,14 @@ def main(argv: list[str] | None = None) -> None:
     d.add_argument("--port", type=int, default=7860, help="port to serve on")
 
     sub.add_parser("captions", help="the caption grammar of the built-in model, with examples")
-    t = sub.add_parser("train", help="train the built-in model from scratch")
-    t.add_argument("rest", nargs=argparse.REMAINDER, help="options of the training script")
+    # The training script parses its own options (`speculaas train --help` lists them), so they
+    # reach it as the arguments this parser does not know.
+    sub.add_parser("train", help="train the built-in model from scratch (--help: its options)",
+                   add_help=False)
 
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.command != "train":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         if args.command == "generate":
             cmd_generate(args)
@@ -255,7 +259,7 @@ def main(argv: list[str] | None = None) -> None:
             serve(args.model, args.host, args.port, args.weights)
         elif args.command == "train":
             from speculaas.models.builtin.train import main as train_main
-            train_main(args.rest)
+            train_main(rest)
     except ValueError as e:
         parser.exit(2, f"speculaas: error: {e}\n")
     except KeyboardInterrupt:

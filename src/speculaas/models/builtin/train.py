@@ -342,7 +342,7 @@ def train(cfg: TrainConfig, out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="speculaas train", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     for name, field in TrainConfig.__dataclass_fields__.items():
         parser.add_argument(
