@@ -24,6 +24,7 @@ import time
 
 import torch
 
+from ..acceptance import get as get_rule
 from ..acceptance.base import AcceptanceRule
 from ..config import JacobiConfig, SamplingConfig
 from ..models.base import ImageModel, Session
@@ -150,20 +151,21 @@ def decode(model: ImageModel, session: Session, rule: AcceptanceRule, sampling: 
 
 def measure_cost_curve(model: ImageModel, session: Session, sampling: SamplingConfig,
                        windows: tuple[int, ...], rule: AcceptanceRule | None = None,
-                       jacobi: JacobiConfig | None = None, sweeps: int = 6) -> dict[int, float]:
+                       jacobi: JacobiConfig | None = None, sweeps: int = 4,
+                       warm: int = 2, timed: int = 2) -> dict[int, float]:
     """Median wall time of one iteration of this loop at each window size for this batch, in
     seconds; window 0 is one step of plain AR decoding. What is timed is step() itself, with
     the decode's rule and drafter, from a state half-way through the images (no drafts waiting:
-    every draft slot is fresh). Each sweep runs every window twice and times the second call (a
-    decode repeats its window, so caches are warm for it); sweeps interleave the windows so that
+    every draft slot is fresh). Each sweep runs every window `warm` + `timed` times and times the
+    last `timed` calls (a decode repeats its window, so caches are warm for it: after a 64-slot
+    step, one untimed AR step was not enough and the next still ran ~40 % slow on a 2-core
+    CPU, which pushed batches of 8 into speculation that loses); sweeps interleave windows so that
     drift from a cold start or a busy neighbour hits all of them alike: on a 2-core CPU the same
     step varies by 20 % from one second to the next, and AR and speculation are compared by
     ratio. Runs on the decode's own session: what a window writes past a committed prefix never
     influences later results (the Session contract), so the measurement leaves no trace.
     Cached (window.cost_curve)."""
-    from ..acceptance import get
-
-    rule = get("sjd") if rule is None else rule
+    rule = get_rule("sjd") if rule is None else rule
     jacobi = JacobiConfig(window=max(windows)) if jacobi is None else jacobi
     length, batch, dev = model.layout.length, session.batch_size, model.device
 
@@ -176,7 +178,7 @@ def measure_cost_curve(model: ImageModel, session: Session, sampling: SamplingCo
         times: dict[int, list[float]] = {w: [] for w in todo}
         for _ in range(sweeps):
             for w in todo:
-                for call in range(2):
+                for call in range(warm + timed):
                     if w:
                         loops[w].state = loops[w].new_state(gens)
                         loops[w].state.committed_prefix(start)
@@ -184,7 +186,7 @@ def measure_cost_curve(model: ImageModel, session: Session, sampling: SamplingCo
                     t0 = time.perf_counter()
                     loops[w].step() if w else ar.step(start)
                     _sync(dev)
-                    if call:
+                    if call >= warm:
                         times[w].append(time.perf_counter() - t0)
         return {w: statistics.median(t) for w, t in times.items()}
 
