@@ -124,11 +124,8 @@ class Raster(Frontier):
         return verdict.accepted.min().expand_as(verdict.accepted) if self.batch_min else None
 
     def observe(self, state: DecodeState, plan: Plan, verdict: Verdict, commit: Commit) -> None:
-        one = torch.ones_like(plan.img)
-        state.forward_passes.index_add_(0, plan.img, one)
-        state.accept_hist.index_put_((plan.img, commit.limit), one, accumulate=True)
-        state.window_sum.index_add_(0, plan.img, torch.full_like(state.window_sum[plan.img],
-                                                                 float(self.window)))
-        state.iterations.index_add_(0, plan.img, torch.ones_like(state.window_sum[plan.img]))
+        state.ran(plan.img, self.window)
+        state.accept_hist.index_put_((plan.img, commit.limit), torch.ones_like(plan.img),
+                                     accumulate=True)
         self.policy.observe(plan.img, torch.full_like(plan.img, self.window), plan.outputs,
                             verdict.accepted)

@@ -207,10 +207,6 @@ class Rows(Frontier):
         # Keys now in the cache: every real anchor, every accepted draft (both were fed).
         cached[img, torch.where(plan.real, plan.anchor + 1, dump)] = True
         cached[img[:, None], torch.where(commit.drafted & commit.keep, plan.pos + 1, dump)] = True
-        one = torch.ones_like(plan.act)
-        state.forward_passes.index_add_(0, plan.act, one)
+        state.ran(plan.act, self.max_window)
         verified = (plan.outputs > 0).long()
         state.accept_hist.index_put_((img, verdict.accepted), verified, accumulate=True)
-        state.window_sum.index_add_(0, plan.act, torch.full_like(state.window_sum[plan.act],
-                                                                 float(self.max_window)))
-        state.iterations.index_add_(0, plan.act, torch.ones_like(state.window_sum[plan.act]))
