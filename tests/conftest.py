@@ -75,3 +75,25 @@ def demo_url():
     yield f"http://127.0.0.1:{port}"
     srv.should_exit = True
     thread.join(timeout=10)
+
+
+def assert_same_as_ar(model, prompts, windows=(1, 2, 16, 64, "auto"), seed=0, method="sjd",
+                      **options):
+    """Sample-exact decoding: `method` (an exact rule) draws token for token what AR draws for
+    the same seeds, at every window, and each image alone draws what it draws in the batch."""
+    import speculaas as sp
+
+    sampling = {k: v for k, v in options.items()
+                if k in ("temperature", "top_k", "top_p", "cfg_scale")}
+    ar = sp.generate(model, prompts, method="ar", seed=seed, decode_images=False, **sampling)
+    other = sp.generate(model, prompts, method="ar", seed=seed + 1000, decode_images=False,
+                        **sampling)
+    assert not torch.equal(other.sequence, ar.sequence)  # the seed matters: the check has power
+    for window in windows:
+        out = sp.generate(model, prompts, method=method, window=window, seed=seed,
+                          decode_images=False, **options)
+        assert torch.equal(out.sequence, ar.sequence), (window, out.sequence != ar.sequence)
+    alone = sp.generate(model, prompts[-1:], method=method, window=windows[-1],
+                        seed=[seed + len(prompts) - 1], decode_images=False, **options)
+    assert torch.equal(alone.sequence[0], ar.sequence[-1])
+    return ar

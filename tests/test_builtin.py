@@ -73,8 +73,12 @@ def test_tokenizer_reconstructs_scenes(builtin):
 # were shipped. A loop that drafts worse (say, recycles drafts one slot late) stays lossless and
 # passes every exactness test, but spends more forwards: only a count catches it. The margin
 # absorbs float differences between CPUs; the bug above costs about a third more.
-RECORDED = {("sjd", "none", "uniform"): 361, ("sjd", "maximal", "vertical"): 283,
-            ("csd", "none", "uniform"): 255, ("csd", "maximal", "vertical"): 229}
+# sjd runs Gumbel verification (its coupling is moot there); "ratio" is the classic test. A
+# different random stream moves these counts by up to ~10 % for three images: re-recorded when
+# the noise key became each stream's first draw (means over 8 seeds unchanged).
+RECORDED = {("sjd", "none", "uniform"): 288, ("sjd", "maximal", "vertical"): 262,
+            ("sjd/ratio", "maximal", "vertical"): 296,
+            ("csd", "none", "uniform"): 278, ("csd", "maximal", "vertical"): 246}
 REGRESSION_CAPTIONS = ["a big red circle on the left over grass",
                        "a small blue square on the right at sunset",
                        "a big white diamond on the center in front of a brick wall"]
@@ -82,6 +86,8 @@ REGRESSION_CAPTIONS = ["a big red circle on the left over grass",
 
 @pytest.mark.parametrize("method,coupling,draft_init", list(RECORDED))
 def test_forward_passes_stay_at_or_below_recorded(builtin, method, coupling, draft_init):
-    out = sp.generate(builtin, REGRESSION_CAPTIONS, method=method, coupling=coupling,
-                      draft_init=draft_init, window=16, seed=0, decode_images=False)
+    name, _, verify = method.partition("/")
+    out = sp.generate(builtin, REGRESSION_CAPTIONS, method=name, coupling=coupling,
+                      draft_init=draft_init, window=16, seed=0, decode_images=False,
+                      verify=verify or "gumbel")
     assert int(out.forward_passes.sum()) <= 1.03 * RECORDED[(method, coupling, draft_init)]

@@ -4,6 +4,7 @@ tiny VQGAN decoder saved as vqgan.ckpt + vqgan.yaml."""
 import pytest
 import torch
 import yaml
+from conftest import assert_same_as_ar
 
 import speculaas as sp
 from speculaas.models.vqgan import VQGANDecoder
@@ -66,6 +67,11 @@ def test_greedy_speculative_equals_greedy_ar_with_cfg(lumina, window):
         out = sp.generate(lumina, PROMPTS, method=method, top_k=1, window=window, seed=2,
                           decode_images=False)
         assert torch.equal(out.sequence, ar.sequence), method
+
+
+def test_sjd_draws_the_tokens_ar_draws(lumina):
+    """Sample-exact with the model's defaults (CFG 3, top-k 2000)."""
+    assert_same_as_ar(lumina, PROMPTS, windows=(1, 6, 16, 64, "auto"), seed=2)
 
 
 def test_forced_end_of_line_and_pixels(lumina):

@@ -1,6 +1,11 @@
 """Drafters (fresh-slot initialisers and tail couplings): exact for every rule, greedy-equal to AR,
 statistically lossless against the toy model's enumerated distribution, with plausible wrong
-couplings as negative controls that the same test must reject."""
+couplings as negative controls that the same test must reject.
+
+A drafter's declared law matters only where a ratio test reads it: relaxed rules, and exact
+rules under verify="ratio", which is what the statistical tests here run. Under Gumbel
+verification (the default for exact rules) every committed token is the AR sample whatever the
+drafts: tests/test_exact.py."""
 
 from collections import Counter
 
@@ -14,6 +19,7 @@ from speculaas.acceptance.functional import acceptance_ratio, entropy
 from speculaas.api import generators_for
 from speculaas.config import COUPLINGS, DRAFT_INITS, JacobiConfig, SamplingConfig
 from speculaas.decoding import decode, drafting
+from speculaas.sampling import gumbel_noise
 
 
 class StaleDeclaration(drafting.Maximal):
@@ -77,7 +83,7 @@ CASES = [  # coupling, draft_init, window, sampling
 
 @pytest.mark.parametrize("coupling,draft_init,window,sampling", CASES)
 def test_drafters_are_lossless(toy2d, coupling, draft_init, window, sampling):
-    jacobi = JacobiConfig(window=window, draft_init=draft_init, coupling=coupling)
+    jacobi = JacobiConfig(verify="ratio", window=window, draft_init=draft_init, coupling=coupling)
     counts = sample_sequences(toy2d, sp.acceptance.get("sjd"), jacobi, sampling)
     assert chi_square_p(counts, toy2d.exact_distribution(sampling)) > ALPHA
 
@@ -86,7 +92,7 @@ def test_drafters_are_lossless(toy2d, coupling, draft_init, window, sampling):
 def test_couplings_are_lossless_in_batches_of_4(coupling):
     toy = sp.load_model("toy", vocab_size=3, length=4, seed=0, scale=0.8, rows=2)
     sampling = SamplingConfig(cfg_scale=1.5)
-    jacobi = JacobiConfig(window=4, draft_init="vertical_sample", coupling=coupling)
+    jacobi = JacobiConfig(verify="ratio", window=4, draft_init="vertical_sample", coupling=coupling)
     counts, uneven = Counter(), 0
     for i in range(1500):
         res = decode(toy, toy.start([None] * 4, cfg=True), sp.acceptance.get("sjd"),
@@ -102,7 +108,7 @@ def test_wrong_couplings_fail(with_broken_couplings, coupling):
     toy = sp.load_model("toy", vocab_size=3, length=4, seed=0)
     sampling = SamplingConfig()
     counts = sample_sequences(toy, sp.acceptance.get("sjd"),
-                              JacobiConfig(window=16, coupling=coupling), sampling)
+                              JacobiConfig(verify="ratio", window=16, coupling=coupling), sampling)
     assert chi_square_p(counts, toy.exact_distribution(sampling)) < ALPHA
 
 
@@ -113,7 +119,7 @@ def test_relaxed_rule_one_slot_law_matches_closed_form():
     toy = sp.load_model("toy", vocab_size=3, length=2, seed=4, scale=1.5)
     rule = sp.acceptance.get("csd", lam=0.5, delta=1.0)
     session = toy.start([None] * N_SAMPLES, cfg=False)
-    res = decode(toy, session, rule, SamplingConfig(), JacobiConfig(window=2),
+    res = decode(toy, session, rule, SamplingConfig(), JacobiConfig(verify="ratio", window=2),
                         generators_for(toy, 0, N_SAMPLES))
     observed = torch.bincount(res.tokens[:, 0], minlength=3).double()
     target = toy.table[0].softmax(-1)[None, None]  # [1, 1, V] target of position 0
@@ -162,11 +168,42 @@ def test_drafters_with_forced_row_ends_and_long_windows():
 def test_gumbel_noise_is_fixed_per_position_and_independent_across_keys():
     keys = torch.tensor([1, 2])
     pos = torch.tensor([[0, 1, 2], [0, 1, 2]])
-    g = drafting.gumbel_noise(keys, pos, 4096)
-    assert torch.equal(g[:, 1:], drafting.gumbel_noise(keys, pos[:, 1:], 4096))
+    g = gumbel_noise(keys, pos, 4096)
+    assert g.dtype == torch.float64
+    assert torch.equal(g[:, 1:], gumbel_noise(keys, pos[:, 1:], 4096))
     assert not torch.equal(g[0], g[1]) and not torch.equal(g[0, 0], g[0, 1])
     # a standard Gumbel: mean 0.5772, variance pi^2 / 6
     assert abs(g.mean().item() - 0.5772) < 0.02 and abs(g.var().item() - 1.6449) < 0.05
+
+
+# Key 1 hashes (position 2192, token 5545) to 2**32 - 93: in float32, (h + 0.5) / 2**32 is 1.0.
+HOT_KEY, HOT_POS, HOT_TOKEN = 1, 2192, 5545
+
+
+def test_gumbel_noise_is_finite_where_float32_rounds_to_one():
+    from speculaas.sampling import _hash32
+
+    keys, pos = torch.tensor([HOT_KEY]), torch.tensor([[HOT_POS]])
+    v = torch.tensor([HOT_TOKEN * 0x9E3779B1 & 0xFFFFFFFF])
+    base = _hash32((keys[:, None] + _hash32((pos + 0x632BE5AB) & 0xFFFFFFFF)) & 0xFFFFFFFF)
+    h = _hash32(base[..., None] ^ v)
+    assert (h.float() + 0.5) * (1.0 / 2**32) == 1.0  # the old conversion's infinite noise
+    g = gumbel_noise(keys, pos, 8192)
+    assert torch.isfinite(g).all() and g[0, 0, HOT_TOKEN] > 17
+
+
+def test_gumbel_coupling_never_drafts_a_token_the_target_excludes():
+    """With infinite noise the token became the draft whatever the target said (outside the
+    top-k: declared probability 0, so the slot committed from the residual)."""
+    vocab = 8192
+    q = torch.full((1, 2, vocab), 1.0 / (vocab - 1), dtype=torch.float32)
+    q[..., HOT_TOKEN] = 0.0
+    pos = torch.tensor([[HOT_POS - 1, HOT_POS]])
+    noise = gumbel_noise(torch.tensor([HOT_KEY]), pos, vocab)
+    tail = drafting.Tail(torch.tensor([0]), torch.zeros(1, 1, dtype=torch.long), q[:, :1],
+                         q, pos, torch.zeros(1, 2), torch.zeros(1, 2), noise=noise)
+    tokens, _ = drafting.GumbelShared(vocab).redraft(tail)
+    assert int(tokens[0, 1]) != HOT_TOKEN
 
 
 class UniformlyDeclaredVerticalSample(drafting.VerticalSampleInit):
@@ -211,7 +248,7 @@ def test_drafts_from_the_row_above_are_exact(toy3x2, monkeypatch, draft_init, co
     monkeypatch.setattr(drafting.FreshInit, "_above", counted)
     sampling = SamplingConfig()
     counts = sample_sequences(toy3x2, sp.acceptance.get("sjd"),
-                              JacobiConfig(window=window, draft_init=draft_init,
+                              JacobiConfig(verify="ratio", window=window, draft_init=draft_init,
                                            coupling=coupling), sampling)
     p = chi_square_p(counts, toy3x2.exact_distribution(sampling))
     assert from_above["committed"] > 1000 and (window == 3 or from_above["draft"] > 1000)

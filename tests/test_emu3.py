@@ -3,6 +3,7 @@ batched CFG, greedy equivalence with AR and with transformers' own constrained g
 
 import pytest
 import torch
+from conftest import assert_same_as_ar
 
 import speculaas as sp
 
@@ -82,6 +83,11 @@ def test_greedy_speculative_equals_greedy_ar(emu3, window):
             emu3, PROMPTS, method=method, top_k=1, window=window, seed=1, decode_images=False
         )
         assert torch.equal(out.sequence, ar.sequence), method
+
+
+def test_sjd_draws_the_tokens_ar_draws(emu3):
+    """Sample-exact, forced end-of-line tokens included."""
+    assert_same_as_ar(emu3, PROMPTS, windows=(1, 4, 16, 64, "auto"), seed=1, cfg_scale=3.0)
 
 
 def test_end_of_line_is_forced_where_the_layout_says(emu3):

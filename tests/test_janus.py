@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import assert_same_as_ar
 
 import speculaas as sp
 
@@ -82,6 +83,12 @@ def test_greedy_speculative_equals_greedy_ar_with_cfg(janus, window, method):
         janus, PROMPTS, method=method, top_k=1, window=window, seed=3, decode_images=False
     )
     assert torch.equal(out.tokens, ar.tokens)
+
+
+def test_sjd_draws_the_tokens_ar_draws(janus):
+    """Sample-exact: CFG 5 (the model's default), sampled, every window and the policy."""
+    assert_same_as_ar(janus, PROMPTS, windows=(1, 16, 64, "auto"), seed=3)
+    assert_same_as_ar(janus, PROMPTS, windows=(4,), seed=4, top_k=20, method="csd", lam=0.0)
 
 
 def test_ar_matches_transformers_image_generation(janus):

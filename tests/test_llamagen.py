@@ -6,6 +6,7 @@ import re
 import numpy as np
 import pytest
 import torch
+from conftest import assert_same_as_ar
 
 import speculaas as sp
 from speculaas.models.llamagen import LlamaGenGPT, make_checkpoint
@@ -69,6 +70,11 @@ def test_c2i_greedy_speculative_equals_ar_with_cfg(c2i, window):
         out = sp.generate(c2i, [3, 7, None], method=method, top_k=1, window=window, seed=5,
                           decode_images=False)
         assert torch.equal(out.tokens, ar.tokens), method
+
+
+def test_c2i_sjd_draws_the_tokens_ar_draws(c2i):
+    assert_same_as_ar(c2i, [3, 7, None], windows=(1, 2, 16, 64, "auto"), seed=5, cfg_scale=4.0,
+                      top_k=50)
 
 
 def test_c2i_matches_a_full_causal_pass(c2i):

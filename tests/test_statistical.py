@@ -1,5 +1,6 @@
-"""Statistical tier: SJD's output distribution equals the exact AR distribution of an enumerable
-toy model (chi-square, significance 0.001); deliberately broken variants must fail the same test."""
+"""Statistical tier: the output distribution of AR (Gumbel-max sampling) and SJD (both ways of
+verifying) equals the exact AR distribution of an enumerable toy model (chi-square, significance
+0.001); deliberately broken variants must fail the same test."""
 
 from collections import Counter
 from dataclasses import dataclass
@@ -12,7 +13,8 @@ import speculaas as sp
 from speculaas.acceptance.base import AcceptanceRule
 from speculaas.api import generators_for
 from speculaas.config import JacobiConfig, SamplingConfig
-from speculaas.decoding import decode
+from speculaas.decoding import autoregressive, autoregressive_decode, decode
+from speculaas.sampling import gumbel_noise
 
 ALPHA = 1e-3
 N_SAMPLES = 24_000
@@ -45,7 +47,8 @@ def sample_sequences(model, rule, jacobi, sampling, n=N_SAMPLES, chunk=6000, see
         b = min(chunk, n - start)
         session = model.start([None] * b, cfg=sampling.uses_cfg)
         gens = generators_for(model, seed + start, b)
-        res = decode(model, session, rule, sampling, jacobi, gens)
+        res = (autoregressive_decode(model, session, sampling, gens) if rule is None
+               else decode(model, session, rule, sampling, jacobi, gens))
         counts.update(map(tuple, res.tokens.tolist()))
     return counts
 
@@ -73,14 +76,30 @@ def toy():
     return sp.load_model("toy", vocab_size=3, length=4, seed=0)
 
 
-@pytest.mark.parametrize("window,draft_init,coupling", [(16, "uniform", "none"),
-                                                        (3, "uniform", "maximal"),
-                                                        (3, "onehot", "none")])
-def test_sjd_matches_exact_distribution(toy, window, draft_init, coupling):
+@pytest.mark.parametrize("window,draft_init,coupling,verify", [
+    (16, "uniform", "none", "ratio"), (3, "uniform", "maximal", "ratio"),
+    (3, "onehot", "none", "ratio"), (4, "vertical", "maximal", "gumbel")])
+def test_sjd_matches_exact_distribution(toy, window, draft_init, coupling, verify):
     sampling = SamplingConfig()
-    jacobi = JacobiConfig(window=window, draft_init=draft_init, coupling=coupling)
+    jacobi = JacobiConfig(window=window, draft_init=draft_init, coupling=coupling, verify=verify)
     counts = sample_sequences(toy, sp.acceptance.get("sjd"), jacobi, sampling)
     assert chi_square_p(counts, toy.exact_distribution(sampling)) > ALPHA
+
+
+def test_ar_gumbel_max_matches_exact_distribution(toy):
+    sampling = SamplingConfig(temperature=0.8)
+    counts = sample_sequences(toy, None, None, sampling)
+    assert chi_square_p(counts, toy.exact_distribution(sampling)) > ALPHA
+
+
+def test_ar_with_noise_shared_across_positions_fails(toy, monkeypatch):
+    """Negative control: one Gumbel draw per image reused at every position (a hash that
+    forgets the position) couples the tokens of an image; the same test must reject it."""
+    monkeypatch.setattr(autoregressive, "gumbel_noise",
+                        lambda keys, pos, vocab: gumbel_noise(keys, pos * 0, vocab))
+    sampling = SamplingConfig(temperature=0.8)
+    counts = sample_sequences(toy, None, None, sampling)
+    assert chi_square_p(counts, toy.exact_distribution(sampling)) < ALPHA
 
 
 def test_sjd_matches_exact_distribution_with_top_k_and_temperature(toy):
@@ -100,7 +119,7 @@ def test_acceptance_is_mixed_so_the_test_has_power(toy):
 @pytest.mark.parametrize("rule", [AcceptEverything(), ResampleFromTarget()])
 def test_broken_rules_fail(toy, rule):
     sampling = SamplingConfig()
-    counts = sample_sequences(toy, rule, JacobiConfig(window=4), sampling)
+    counts = sample_sequences(toy, rule, JacobiConfig(window=4, verify="ratio"), sampling)
     assert chi_square_p(counts, toy.exact_distribution(sampling)) < ALPHA
 
 
@@ -114,8 +133,8 @@ def test_lossless_at_batch_4_with_each_image_advancing_on_its_own(rule, lossless
     counts, uneven = Counter(), 0
     for i in range(N_BATCHED // 4):
         session = toy.start([None] * 4, cfg=False)
-        res = decode(toy, session, rule, sampling, JacobiConfig(window=4),
-                            generators_for(toy, 4 * i, 4))
+        res = decode(toy, session, rule, sampling, JacobiConfig(window=4, verify="ratio"),
+                     generators_for(toy, 4 * i, 4))
         counts.update(map(tuple, res.tokens.tolist()))
         uneven += int(res.forward_passes.min() != res.forward_passes.max())
     p = chi_square_p(counts, toy.exact_distribution(sampling))
@@ -126,14 +145,15 @@ def test_lossless_at_batch_4_with_each_image_advancing_on_its_own(rule, lossless
 
 def test_lock_step_batches_are_biased():
     """The reference code's batch-minimum strategy re-tests accepted drafts against their old
-    draft distribution; the same chi-square test that SJD passes must reject it."""
+    draft distribution; the same chi-square test that SJD passes must reject it. (Under Gumbel
+    verification lock step is exact: tests/test_exact.py.)"""
     toy = sp.load_model("toy", vocab_size=3, length=4, seed=0, scale=0.3)
     sampling = SamplingConfig()
     counts = Counter()
     for i in range(N_SAMPLES // 4):
         session = toy.start([None] * 4, cfg=False)
         res = decode(toy, session, sp.acceptance.get("sjd"), sampling,
-                            JacobiConfig(window=4, advance="batch_min"),
-                            generators_for(toy, 4 * i, 4))
+                     JacobiConfig(window=4, advance="batch_min", verify="ratio"),
+                     generators_for(toy, 4 * i, 4))
         counts.update(map(tuple, res.tokens.tolist()))
     assert chi_square_p(counts, toy.exact_distribution(sampling)) < ALPHA

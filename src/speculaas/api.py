@@ -98,7 +98,7 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
              cfg_scale: float | None = None,
              draft_init: str = DEFAULT_DRAFT_INIT, coupling: str = DEFAULT_COUPLING,
              advance: str = "per_image", row_context: int | None = None,
-             progress=False, max_batch: int = 32,
+             verify: str = "gumbel", progress=False, max_batch: int = 32,
              decode_images: bool = True, profile: bool = False, **options) -> GenerationOutput:
     """Generate one image per prompt with `method` (see METHODS); method options by name
     (csd: lam, delta, filter; gsd: group_size, prob_threshold, dist_threshold; lantern: k,
@@ -107,6 +107,9 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
     window: slots per forward (int), "auto" or a WindowPolicy; None (default): "auto" in raster
     order (chosen every iteration from this machine's measured cost curve; plain AR where no
     window pays), 16 with row_context.
+    verify: "gumbel" (default): exact rules commit the AR sample of every position (the same
+    tokens as method "ar" for the same seed, at any window or batch); "ratio": the classic
+    min(1, target/draft) test (JacobiConfig).
     row_context=c: the two-dimensional window (several rows in flight; not lossless), for
     models whose adapters take a row-causal mask (builtin, tiny, llamagen)."""
     if not isinstance(prompts, (list, tuple)):
@@ -120,7 +123,8 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
     sampling = resolve_sampling(model, temperature, top_k, top_p, cfg_scale)
     policy = window if isinstance(window, WindowPolicy) else None
     jacobi = JacobiConfig(window=policy.max_window if policy else window, draft_init=draft_init,
-                          coupling=coupling, advance=advance, row_context=row_context)
+                          coupling=coupling, advance=advance, row_context=row_context,
+                          verify=verify)
     check_row_context(model, jacobi, speculative=rule is not None, policy=policy)
     gens = generators_for(model, seed, len(prompts))
     bar = None
@@ -161,6 +165,7 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
         drafted=grid(res.drafted), entropy=grid(res.entropy), accept_hist=res.accept_hist.cpu(),
         latency_s=latency, rule_seconds=res.rule_seconds,
         options={"window": jacobi.window, "draft_init": draft_init, "coupling": coupling,
+                 "verify": verify,
                  **({"row_context": row_context} if row_context is not None else {}),
                  **options, **vars(sampling)},
         sequence=res.tokens.cpu(),

@@ -12,6 +12,7 @@ from .config import (
     DRAFT_INITS,
     METHODS,
     MODEL_NAMES,
+    VERIFY_MODES,
 )
 
 MAX_IMAGES = 10_000  # per CLI call; larger jobs belong in `speculaas bench` or a script
@@ -111,7 +112,12 @@ def add_decoding_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-init", default=DEFAULT_DRAFT_INIT, choices=DRAFT_INITS,
                    help="what fresh draft slots hold")
     p.add_argument("--coupling", default=DEFAULT_COUPLING, choices=COUPLINGS,
-                   help="how tail slots become the next drafts (maximal/gumbel: coupled)")
+                   help="how tail slots become the next drafts (maximal/gumbel: coupled; "
+                        "moot under --verify gumbel)")
+    p.add_argument("--verify", default="gumbel", choices=VERIFY_MODES,
+                   help="how exact rules (sjd; a relaxed one at zero relaxation) test drafts: "
+                        "gumbel (the same tokens as ar for the same seed) or ratio (the classic "
+                        "min(1, target/draft) test)")
     p.add_argument("--row-context", type=int, default=None, metavar="C",
                    help="two-dimensional window: a row starts once the row above has C "
                         "committed tokens (not lossless; None: raster order)")
@@ -138,6 +144,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                       cfg_scale=args.cfg_scale, draft_init=args.draft_init,
                       coupling=args.coupling, row_context=args.row_context, progress=True,
+                      verify=args.verify,
                       **_rule_options(args))
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ COUPLINGS = ("none", "maximal", "gumbel")
 DEFAULT_DRAFT_INIT = "vertical"
 DEFAULT_COUPLING = "maximal"
 ADVANCE_MODES = ("per_image", "batch_min")
+VERIFY_MODES = ("gumbel", "ratio")
 # Beyond these, logits / temperature or guided logits overflow float32 into NaN probabilities.
 TEMPERATURE_RANGE = (1e-2, 1e2)
 CFG_RANGE = (0.0, 100.0)
@@ -80,6 +81,15 @@ class JacobiConfig:
         (independent redraw from the new target, SJD), "maximal" (keep the old draft with
         probability min(1, target/draft), else draw from the residual), "gumbel" (argmax of
         log target + Gumbel noise fixed per image and position). All exact for every rule.
+    verify: how exact rules (sjd, and any rule at zero relaxation) test drafts. "gumbel" (the
+        default): every image has Gumbel noise g fixed per position and token by its seed, the
+        token of a position is argmax(log target + g) exactly as plain AR decoding samples it,
+        a draft is accepted when it equals that argmax, the argmax is committed at the first
+        mismatch, and tail and fresh slots are redrafted as argmax(log law + g) of their draft
+        law; so sjd draws the very tokens ar draws for the same seed, at any window, batch or
+        drafting (coupling is then moot: the tail is always the Gumbel argmax). "ratio": the
+        classic min(1, target/draft) test with the uniforms of the image's stream; exact in
+        distribution only. Relaxed rules always use their own ratio test.
     advance: "per_image" (each image commits its own accepted prefix) or "batch_min" (every image
         advances by the batch's smallest accepted length, as the reference code does; biased and
         slower, kept for comparison).
@@ -94,6 +104,7 @@ class JacobiConfig:
     coupling: str = DEFAULT_COUPLING
     advance: str = "per_image"
     row_context: int | None = None
+    verify: str = "gumbel"
 
     def __post_init__(self) -> None:
         if self.window is None:
@@ -107,6 +118,8 @@ class JacobiConfig:
             raise ValueError(f"unknown draft_init {self.draft_init!r}; valid: {DRAFT_INITS}")
         if self.coupling not in COUPLINGS:
             raise ValueError(f"unknown coupling {self.coupling!r}; valid: {COUPLINGS}")
+        if self.verify not in VERIFY_MODES:
+            raise ValueError(f"unknown verify {self.verify!r}; valid: {VERIFY_MODES}")
         if self.advance not in ADVANCE_MODES:
             raise ValueError(f"unknown advance {self.advance!r}; valid: {ADVANCE_MODES}")
         if self.row_context is not None and not (is_integer(self.row_context)

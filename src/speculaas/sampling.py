@@ -80,3 +80,47 @@ def sample_with_uniform(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Ten
     threshold = (uniform * cdf[..., -1]).unsqueeze(-1)
     idx = torch.searchsorted(cdf.contiguous(), threshold.contiguous(), right=True).squeeze(-1)
     return idx.clamp_(max=probs.shape[-1] - 1)
+
+
+# Gumbel-max sampling from noise fixed per (image, position, token). ----------------------------
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """An integer mixer (lowbias32) on int64 tensors holding 32-bit values."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _MASK32
+    return x ^ (x >> 16)
+
+
+def image_keys(generators: list[torch.Generator], device: torch.device) -> torch.Tensor:
+    """One 32-bit noise key per image [B], the first draw from each image's own stream: every
+    decode (AR or speculative, any batch) draws it first, so an image's noise depends only on
+    its seed, and the uniforms drawn after it are independent of it."""
+    return torch.stack([torch.randint(0, 2**32, (1,), generator=g, device=device)[0]
+                        for g in generators])
+
+
+def gumbel_noise(keys: torch.Tensor, pos: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Standard Gumbel noise fixed per (image key, generated position, token): keys [b],
+    pos [b, L] -> [b, L, V] float64.
+
+    A hash, not a random draw: a position gets the same noise at every iteration and in every
+    decoding order, and no random tensor is kept or drawn. The 32-bit hash h becomes
+    u = (h + 0.5) / 2**32 in float64, exactly, so 0 < u < 1 and every value is finite (in
+    float32 the largest 128 hashes round to u = 1 and infinite noise: about 3e-8 of all
+    (position, token) pairs).
+    """
+    base = _hash32((keys[:, None] + _hash32((pos + 0x632BE5AB) & _MASK32)) & _MASK32)
+    v = (torch.arange(vocab, device=pos.device) * 0x9E3779B1) & _MASK32
+    u = (_hash32(base[..., None] ^ v).double() + 0.5) * (1.0 / 2**32)
+    return -torch.log(-torch.log(u))
+
+
+def gumbel_argmax(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """The Gumbel-max sample argmax(log p + g) of probs [..., V] under noise [..., V]: with g
+    standard Gumbel it is distributed as p; zero-probability tokens are never returned."""
+    return (probs.double().log() + noise).argmax(-1)

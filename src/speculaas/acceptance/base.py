@@ -54,6 +54,14 @@ class AcceptanceRule:
     needs: ClassVar[tuple[str, ...]] = ()
     residual_needs_tokens: ClassVar[bool] = False
 
+    @property
+    def exact(self) -> bool:
+        """Whether this rule with these options leaves the output law the autoregressive one:
+        a lossless rule, or a relaxed one at zero relaxation (csd with lam = 0 or delta = 0,
+        amplify k = 1, addition eps = 0, gsd group_size = 1, lantern delta = 0). The loop
+        verifies exact rules by Gumbel-max match (decoding/verify.py)."""
+        return self.lossless
+
     def compute_acceptance(
         self, draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor
     ) -> torch.Tensor:

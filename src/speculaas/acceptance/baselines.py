@@ -23,6 +23,10 @@ class Amplify(AcceptanceRule):
         if not isinstance(self.k, (int, float)) or not self.k >= 1:
             raise ValueError(f"amplify k must be >= 1, got {self.k!r}")
 
+    @property
+    def exact(self) -> bool:
+        return self.k == 1
+
     def compute_acceptance(self, draft_tokens, draft_probs, target_probs):  # noqa: ANN001, ANN201
         return (self.k * Fn.acceptance_ratio(draft_tokens, draft_probs, target_probs)).clamp(
             max=1.0
@@ -37,6 +41,10 @@ class Addition(AcceptanceRule):
 
     def __post_init__(self) -> None:
         check_nonnegative("eps", self.eps)
+
+    @property
+    def exact(self) -> bool:
+        return self.eps == 0
 
     def compute_acceptance(self, draft_tokens, draft_probs, target_probs):  # noqa: ANN001, ANN201
         return (Fn.acceptance_ratio(draft_tokens, draft_probs, target_probs) + self.eps).clamp(

@@ -40,6 +40,10 @@ class CSD(AcceptanceRule):
         if self.filter not in FILTERS:
             raise ValueError(f"unknown filter {self.filter!r}; valid: {FILTERS}")
 
+    @property
+    def exact(self) -> bool:
+        return self.lam == 0 or self.delta == 0
+
     def discrepancy(self, draft_probs: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
         if self.filter == "tv":
             return Fn.total_variation(draft_probs, target_probs)

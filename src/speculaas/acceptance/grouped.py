@@ -45,6 +45,10 @@ class GSD(AcceptanceRule):
         check_nonnegative("prob_threshold", self.prob_threshold)
         check_nonnegative("dist_threshold", self.dist_threshold)
 
+    @property
+    def exact(self) -> bool:
+        return self.group_size == 1
+
     def compute_acceptance(self, draft_tokens, draft_probs, target_probs):  # noqa: ANN001, ANN201
         vocab = target_probs.shape[-1]
         half = (int(self.group_size) - 1) // 2

@@ -59,6 +59,10 @@ class Lantern(AcceptanceRule):
             )
         object.__setattr__(self, "_table", neighbour_table(self.codebook, int(self.k)))
 
+    @property
+    def exact(self) -> bool:
+        return self.delta == 0
+
     def _merge(self, draft_tokens: torch.Tensor, target_probs: torch.Tensor):
         """-> neighbour ids [B, K, k], their target mass [B, K, k], which are merged [B, K, k]."""
         table = self._table.to(draft_tokens.device)

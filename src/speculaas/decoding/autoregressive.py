@@ -1,4 +1,10 @@
-"""Plain autoregressive decoding: the reference every speculative method is measured against."""
+"""Plain autoregressive decoding: the reference every speculative method is measured against.
+
+Token t of an image is the Gumbel-max sample argmax(log target_t + g_t) under the image's noise
+(sampling.gumbel_noise, keyed by the first draw of its stream). Lossless speculative decoding
+commits the same argmax at every position (Gumbel verification, decoding/verify.py), so for one
+seed it draws the very tokens this loop draws, whatever its window or batch.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +13,18 @@ import torch
 from ..acceptance.functional import entropy
 from ..config import SamplingConfig
 from ..models.base import ImageModel, Session
-from ..sampling import sample_with_uniform, target_probs
+from ..sampling import gumbel_argmax, gumbel_noise, image_keys, target_probs
 from .result import DecodeResult
 
 
 class AutoregressiveLoop:
     """One token per image per forward; step(t) decodes position t of every image (the window
-    policy times one step to price plain AR against speculation)."""
+    policy times one step to price plain AR against speculation). keys: the images' noise keys
+    when their streams' first draw was already taken (a speculative decode falling back to AR)."""
 
     def __init__(self, model: ImageModel, session: Session, sampling: SamplingConfig,
-                 generators: list[torch.Generator], progress=None) -> None:  # noqa: ANN001
+                 generators: list[torch.Generator], progress=None,  # noqa: ANN001
+                 keys: torch.Tensor | None = None) -> None:
         self.model, self.session, self.sampling = model, session, sampling
         self.generators, self.progress = generators, progress
         batch, length, dev = session.batch_size, model.layout.length, model.device
@@ -24,6 +32,7 @@ class AutoregressiveLoop:
         self.seq = torch.zeros(batch, length, dtype=torch.long, device=dev)
         self.ent = torch.zeros(batch, length, device=dev)
         self.forced = model.layout.forced.to(dev)
+        self.keys = image_keys(generators, dev) if keys is None else keys
 
     def step(self, t: int) -> None:
         dev, batch = self.model.device, len(self.generators)
@@ -31,8 +40,8 @@ class AutoregressiveLoop:
         cond, uncond = self.session.forward(prev.clone(), torch.full((batch,), t, device=dev),
                                             self.images, max_offset=t)
         q = target_probs(cond, uncond, self.sampling, self.model.layout.structural)[:, 0]
-        u = torch.stack([torch.rand(1, generator=g, device=dev)[0] for g in self.generators])
-        tok = sample_with_uniform(q, u)
+        pos = torch.full((batch, 1), t, device=dev)
+        tok = gumbel_argmax(q, gumbel_noise(self.keys, pos, q.shape[-1])[:, 0])
         self.seq[:, t] = torch.where(self.forced[t] >= 0, self.forced[t], tok)
         self.ent[:, t] = entropy(q)
         if self.progress is not None:
@@ -51,8 +60,9 @@ class AutoregressiveLoop:
 
 @torch.inference_mode()
 def autoregressive_decode(model: ImageModel, session: Session, sampling: SamplingConfig,
-                          generators: list[torch.Generator], progress=None) -> DecodeResult:  # noqa: ANN001
-    loop = AutoregressiveLoop(model, session, sampling, generators, progress)
+                          generators: list[torch.Generator], progress=None,  # noqa: ANN001
+                          keys: torch.Tensor | None = None) -> DecodeResult:
+    loop = AutoregressiveLoop(model, session, sampling, generators, progress, keys)
     for t in range(model.layout.length):
         loop.step(t)
     return loop.result()

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from ..acceptance.functional import acceptance_ratio, residual_probs
-from ..sampling import sample_with_uniform
+from ..sampling import gumbel_argmax, sample_with_uniform
 
 
 @dataclass
@@ -174,7 +174,8 @@ class Tail:
     verification uniform, reused: a tail slot's verification never decides anything).
     n_drafts [b] or None: drafts each window really has when windows of several lengths share
     the batch (slots at and after it hold no draft); None: all K. memory: the decode's
-    per-image memory (DecodeState.memory).
+    per-image memory (DecodeState.memory). noise [b, L, V] float64: the images' Gumbel noise
+    at pos (given when the coupling's `needs_noise`, or under Gumbel verification).
     """
 
     act: torch.Tensor
@@ -186,6 +187,7 @@ class Tail:
     u_draw: torch.Tensor
     n_drafts: torch.Tensor | None = None
     memory: dict[str, torch.Tensor] | None = None
+    noise: torch.Tensor | None = None
 
 
 class Coupling(ABC):
@@ -193,6 +195,7 @@ class Coupling(ABC):
     state lives in the decode's memory."""
 
     name: str
+    needs_noise = False  # redraft() reads Tail.noise
 
     def __init__(self, vocab: int) -> None:
         self.vocab = vocab
@@ -238,49 +241,17 @@ class Maximal(Coupling):
         return torch.cat([torch.where(keep, t.drafts, redrawn), last], 1), q
 
 
-_MASK32 = 0xFFFFFFFF
-
-
-def _hash32(x: torch.Tensor) -> torch.Tensor:
-    """An integer mixer (lowbias32) on int64 tensors holding 32-bit values."""
-    x = x ^ (x >> 16)
-    x = (x * 0x7FEB352D) & _MASK32
-    x = x ^ (x >> 15)
-    x = (x * 0x846CA68B) & _MASK32
-    return x ^ (x >> 16)
-
-
-def gumbel_noise(keys: torch.Tensor, pos: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Gumbel noise fixed per (image key, absolute position): keys [b], pos [b, L] -> [b, L, V].
-
-    A hash of (key, position, token), not a random draw: the same position gets the same noise
-    at every iteration until it is committed, and no random tensor is kept or drawn.
-    """
-    base = _hash32((keys[:, None] + _hash32((pos + 0x632BE5AB) & _MASK32)) & _MASK32)
-    v = (torch.arange(vocab, device=pos.device) * 0x9E3779B1) & _MASK32
-    u = (_hash32(base[..., None] ^ v).float() + 0.5) * (1.0 / 2**32)
-    return -torch.log(-torch.log(u))
-
-
 class GumbelShared(Coupling):
-    """Gumbel-sharing coupling (SCD's pi_GS): draft = argmax(log target + G), G fixed per
-    (image, absolute position), so consecutive drafts agree where the target barely moved."""
+    """Gumbel-sharing coupling (SCD's pi_GS): draft = argmax(log target + G), G the image's
+    noise at the slot's position (sampling.gumbel_noise, the noise Gumbel verification and AR
+    sampling use too), so consecutive drafts agree where the target barely moved."""
 
     name = "gumbel"
 
-    key = "gumbel.keys"
-
-    def begin(self, memory: dict[str, torch.Tensor], generators: list[torch.Generator],
-              device: torch.device) -> None:
-        # One 31-bit key per image, drawn from its own stream before decoding starts, so the
-        # noise is reproducible from the seed and independent of every later uniform.
-        memory[self.key] = torch.stack([torch.randint(0, 2**31 - 1, (1,), generator=g, device=device)[0]
-                                 for g in generators])
+    needs_noise = True
 
     def redraft(self, t: Tail) -> tuple[torch.Tensor, torch.Tensor]:
-        q = t.target_probs
-        noise = gumbel_noise(t.memory[self.key][t.act], t.pos, self.vocab)
-        return (q.log() + noise).argmax(-1), q
+        return gumbel_argmax(t.target_probs, t.noise), t.target_probs
 
 
 FRESH_INITS: dict[str, type[FreshInit]] = {

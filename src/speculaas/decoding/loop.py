@@ -28,13 +28,13 @@ from ..acceptance import get as get_rule
 from ..acceptance.base import AcceptanceRule
 from ..config import JacobiConfig, SamplingConfig
 from ..models.base import ImageModel, Session
-from ..sampling import explain_nonfinite, target_probs
+from ..sampling import explain_nonfinite, gumbel_argmax, target_probs
 from .autoregressive import AutoregressiveLoop, autoregressive_decode
 from .drafting import COUPLINGS, FRESH_INITS, FreshSlots
 from .frontier import Frontier, Raster
 from .frontier_rows import Rows
 from .result import DecodeResult
-from .state import DecodeState
+from .state import DecodeState, Uniforms
 from .verify import Window, settle, verify
 from .window import WindowPolicy, cost_curve, make_policy
 
@@ -49,6 +49,8 @@ class Loop:
         vocab, dev, length = model.vocab_size, model.device, model.layout.length
         self.init = FRESH_INITS[jacobi.draft_init](vocab, length // model.layout.grid[0])
         self.coupling = COUPLINGS[jacobi.coupling](vocab)
+        self.gumbel = jacobi.verify == "gumbel" and rule.exact
+        self.needs_noise = self.gumbel or self.coupling.needs_noise
         self.state = self.new_state(generators)
         self.finite = torch.ones((), dtype=torch.bool, device=dev)
         self.logits: tuple | None = None
@@ -80,12 +82,19 @@ class Loop:
             return False
         L = plan.pos.shape[1]
         K, dev = L - 1, plan.pos.device
-        u = s.uniforms(plan.images, plan.segments, plan.window).take(plan.urow)
+        if self.gumbel:  # no uniform is read
+            u = Uniforms.split(torch.zeros(1, Uniforms.count(plan.window), device=dev),
+                               plan.window).take(torch.zeros_like(plan.img))
+        else:
+            u = s.uniforms(plan.images, plan.segments, plan.window).take(plan.urow)
+        noise = s.noise(plan.img, plan.pos) if self.needs_noise else None
         dpos = plan.pos[:, :K]
         d, dp, n_rec = s.drafts_at(plan.img, dpos)
         fresh = torch.arange(K, device=dev) >= n_rec[:, None]
         fd, fdp = self.init.fill(FreshSlots(plan.img, dpos, fresh, plan.start, plan.start + n_rec,
                                             d, dp, s.tokens, u.fresh[:, :K], s.memory))
+        if self.gumbel:  # a fresh slot's guess: the Gumbel argmax of its draft law
+            fd = gumbel_argmax(fdp, noise[:, :K])
         d = torch.where(fresh, fd, d)
         dp = torch.where(fresh[..., None], fdp, dp)
         forced = None if plan.forced is None else plan.forced[:, :K]
@@ -99,8 +108,8 @@ class Loop:
         if plan.forced is not None:
             q = torch.where((plan.forced >= 0)[..., None], _onehot(plan.forced, q), q)
 
-        w = Window(plan.img, plan.pos, d, dp, q, plan.outputs, forced, plan.ragged)
-        v = verify(self.rule, self.coupling, w, u, s.memory, self.profile)
+        w = Window(plan.img, plan.pos, d, dp, q, plan.outputs, forced, plan.ragged, noise)
+        v = verify(self.rule, self.coupling, w, u, s.memory, self.profile, self.gumbel)
         c = settle(w, v, plan.takes_extra, f.limit(plan, v))
         self.init.committed(s.memory, plan.img, plan.pos, c.keep, q)
         s.commit(plan.img, plan.pos, c.keep, c.tokens, c.drafted, q)
@@ -140,7 +149,8 @@ def decode(model: ImageModel, session: Session, rule: AcceptanceRule, sampling: 
 
     frontier.begin(model, session, loop.state, sampling.uses_cfg, rule.lossless, measure)
     if isinstance(frontier, Raster) and frontier.policy.plain_ar():
-        res = autoregressive_decode(model, session, sampling, generators, progress)
+        res = autoregressive_decode(model, session, sampling, generators, progress,
+                                    keys=loop.state.keys)
         hist = torch.zeros(len(generators), frontier.max_window, dtype=torch.long,
                            device=model.device)
         hist[:, 0] = res.iterations
@@ -190,7 +200,7 @@ def measure_cost_curve(model: ImageModel, session: Session, sampling: SamplingCo
                         times[w].append(time.perf_counter() - t0)
         return {w: statistics.median(t) for w, t in times.items()}
 
-    tag = f"{rule.name}/{jacobi.draft_init}/{jacobi.coupling}"
+    tag = f"{rule.name}/{jacobi.draft_init}/{jacobi.coupling}/{jacobi.verify}"
     with torch.inference_mode():
         return cost_curve(model, batch, sampling.uses_cfg, tag, windows, time_all)
 

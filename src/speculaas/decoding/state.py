@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..acceptance.functional import entropy
+from ..sampling import gumbel_noise, image_keys
 from .result import DecodeResult
 
 
@@ -80,6 +81,7 @@ class DecodeState:
     forward_passes: torch.Tensor
     accept_hist: torch.Tensor
     window_sum: torch.Tensor
+    keys: torch.Tensor
     iteration: int = 0
     rule_seconds: float = 0.0
     memory: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -89,6 +91,7 @@ class DecodeState:
             max_window: int, device: torch.device, dtype: torch.dtype = torch.float32,
             ) -> DecodeState:
         b = len(generators)
+        keys = image_keys(generators, device)  # first: the same draw AR decoding makes
 
         def zeros(*shape: int, **kw) -> torch.Tensor:  # noqa: ANN003
             return torch.zeros(*shape, device=device, **kw)
@@ -103,7 +106,7 @@ class DecodeState:
                    has_draft=zeros(b, ring + 1, dtype=torch.bool),
                    forward_passes=zeros(b, dtype=torch.long),
                    accept_hist=zeros(b, max_window, dtype=torch.long),
-                   window_sum=zeros(b))
+                   window_sum=zeros(b), keys=keys)
 
     @property
     def batch(self) -> int:
@@ -118,6 +121,10 @@ class DecodeState:
         half-way through its images, for timing an iteration."""
         self.step[:, :start] = 0
         self.count.fill_(start)
+
+    def noise(self, img: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """The Gumbel noise of images img [G] at positions pos [G, L]: [G, L, V] float64."""
+        return gumbel_noise(self.keys[img], pos, self.vocab)
 
     def uniforms(self, images: list[int], segments: list[int], window: int) -> Uniforms:
         """One block per verified segment, image-major: image images[i] draws segments[i]

@@ -2,10 +2,20 @@
 
 A window (a *segment*) holds drafts d_0 .. d_{K-1} for positions start .. start + K - 1 and the
 target distributions q_0 .. q_K of positions start .. start + K (q_j from feeding the committed
-token before `start` and d_0 .. d_{j-1}). Draft j is tested against q_j with the rule; at the
-first rejection a the extra token is drawn from the rule's residual there, and if every draft
-passed, a bonus token from q_K. A segment may have fewer real outputs than the batch's widest
-(`outputs`): its drafts end at outputs - 1 and its extra token is at most there.
+token before `start` and d_0 .. d_{j-1}). A segment may have fewer real outputs than the
+batch's widest (`outputs`): its drafts end at outputs - 1 and its extra token is at most there.
+
+Two ways to test the drafts:
+  ratio   draft j is accepted with the rule's probability (the uniforms of the image's stream);
+          at the first rejection the extra token is drawn from the rule's residual there, and
+          if every draft passed, a bonus token from q_K. Every rule; exact in distribution for
+          lossless ones.
+  gumbel  (exact rules only) with the image's noise g at each position, a_j = argmax(log q_j +
+          g_j) is the token plain AR decoding samples there given the same prefix. Draft j is
+          accepted when d_j = a_j; the extra token is a at the first mismatch (or the bonus
+          a_K). Every committed token is then the AR sample of its position: identical to AR
+          for the same seed, whatever the drafts. The next drafts are a_j themselves (the Gumbel
+          argmax of the stale target), declared as q_j (no rule reads a law here).
 """
 
 from __future__ import annotations
@@ -17,7 +27,7 @@ import torch
 
 from ..acceptance.base import AcceptanceRule
 from ..acceptance.functional import first_rejection
-from ..sampling import sample_with_uniform
+from ..sampling import gumbel_argmax, sample_with_uniform
 from .drafting import Coupling, Tail
 from .state import Uniforms
 
@@ -32,7 +42,9 @@ class Window:
     forced [G, K] or None: the token forced at each draft slot (-1 where free); a forced draft
     is accepted whatever the rule says. ragged: windows of several lengths share the batch, so
     the coupling is told that each one's drafts end at outputs - 1 (else every draft slot holds
-    a draft: the tail of a raster window near the image end).
+    a draft: the tail of a raster window near the image end). noise [G, L, V] float64 or None:
+    the images' Gumbel noise at pos (DecodeState.noise), for Gumbel verification or a coupling
+    that needs it.
     """
 
     img: torch.Tensor
@@ -43,6 +55,7 @@ class Window:
     outputs: torch.Tensor
     forced: torch.Tensor | None = None
     ragged: bool = False
+    noise: torch.Tensor | None = None
 
 
 @dataclass
@@ -63,41 +76,49 @@ class Verdict:
 
 
 def verify(rule: AcceptanceRule, coupling: Coupling, w: Window, u: Uniforms,
-           memory: dict[str, torch.Tensor] | None = None, profile: bool = False) -> Verdict:
+           memory: dict[str, torch.Tensor] | None = None, profile: bool = False,
+           gumbel: bool = False) -> Verdict:
     """Verify every window at once and draw what may be committed or kept as the next drafts.
-    u: the windows' uniforms (accept and redraw at least L wide). memory: the decode's
-    per-image memory, for couplings that keep some (DecodeState.memory)."""
+    u: the windows' uniforms (accept and redraw at least L wide; unread under `gumbel`).
+    memory: the decode's per-image memory, for couplings that keep some (DecodeState.memory).
+    gumbel: Gumbel verification (w.noise given; only for an exact rule)."""
     q = w.target_probs
     (g, L), dev = q.shape[:2], q.device
     K = L - 1
     rows = torch.arange(g, device=dev)
     n_drafts = (w.outputs - 1).clamp(min=0)
+    real = torch.arange(K, device=dev) < n_drafts[:, None]
     if profile and dev.type == "cuda":
         torch.cuda.synchronize(dev)
     t0 = time.perf_counter()
-    if K > 0:
-        ok = u.accept[:, :K] < rule.compute_acceptance(w.drafts, w.draft_probs, q[:, :K])
-        if w.forced is not None:
-            ok |= w.forced >= 0
-        ok &= torch.arange(K, device=dev) < n_drafts[:, None]
-        accepted = first_rejection(ok)
-        at = accepted.clamp(max=K - 1)
-        residual = rule.compute_residual(w.draft_probs[rows, at][:, None], q[rows, at][:, None],
-                                         w.drafts[rows, at][:, None])[:, 0]
+    if gumbel:
+        best = gumbel_argmax(q, w.noise)  # [G, L]: the AR sample of every slot
+        ok = w.drafts == best[:, :K]
     else:
-        accepted = torch.zeros(g, dtype=torch.long, device=dev)
+        ok = u.accept[:, :K] < rule.compute_acceptance(w.drafts, w.draft_probs, q[:, :K])
+    if w.forced is not None:
+        ok |= w.forced >= 0
+    accepted = first_rejection(ok & real)
+    rejected = accepted < n_drafts
+    if gumbel:
+        extra = best[rows, accepted]
+    else:
+        extra_probs = q[rows, accepted]
+        if K > 0:
+            at = accepted.clamp(max=K - 1)
+            residual = rule.compute_residual(w.draft_probs[rows, at][:, None],
+                                             q[rows, at][:, None], w.drafts[rows, at][:, None])
+            extra_probs = torch.where(rejected[:, None], residual[:, 0], extra_probs)
     if profile and dev.type == "cuda":
         torch.cuda.synchronize(dev)
     seconds = time.perf_counter() - t0
-    rejected = accepted < n_drafts
-    extra_probs = q[rows, accepted]
-    if K > 0:
-        extra_probs = torch.where(rejected[:, None], residual, extra_probs)
+    if gumbel:
+        return Verdict(accepted, rejected, extra, best, q, seconds)
     extra = sample_with_uniform(extra_probs, u.extra)
     tokens, laws = coupling.redraft(Tail(w.img, w.drafts, w.draft_probs, q, w.pos,
                                          u.accept[:, :L], u.redraw[:, :L],
                                          n_drafts if w.ragged else None,
-                                         memory if memory is not None else {}))
+                                         memory if memory is not None else {}, w.noise))
     return Verdict(accepted, rejected, extra, tokens, laws, seconds)
 
 
