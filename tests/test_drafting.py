@@ -19,7 +19,7 @@ from speculaas.acceptance.functional import acceptance_ratio, entropy
 from speculaas.api import generators_for
 from speculaas.config import COUPLINGS, DRAFT_INITS, JacobiConfig, SamplingConfig
 from speculaas.decoding import decode, drafting
-from speculaas.sampling import gumbel_noise
+from speculaas.sampling import exponential_noise
 
 
 class StaleDeclaration(drafting.Maximal):
@@ -168,9 +168,10 @@ def test_drafters_with_forced_row_ends_and_long_windows():
 def test_gumbel_noise_is_fixed_per_position_and_independent_across_keys():
     keys = torch.tensor([1, 2])
     pos = torch.tensor([[0, 1, 2], [0, 1, 2]])
-    g = gumbel_noise(keys, pos, 4096)
-    assert g.dtype == torch.float64
-    assert torch.equal(g[:, 1:], gumbel_noise(keys, pos[:, 1:], 4096))
+    e = exponential_noise(keys, pos, 4096)
+    assert e.dtype == torch.float32 and (e > 1e-10).all()
+    assert torch.equal(e[:, 1:], exponential_noise(keys, pos[:, 1:], 4096))
+    g = -e.log()
     assert not torch.equal(g[0], g[1]) and not torch.equal(g[0, 0], g[0, 1])
     # a standard Gumbel: mean 0.5772, variance pi^2 / 6
     assert abs(g.mean().item() - 0.5772) < 0.02 and abs(g.var().item() - 1.6449) < 0.05
@@ -188,8 +189,8 @@ def test_gumbel_noise_is_finite_where_float32_rounds_to_one():
     base = _hash32((keys[:, None] + _hash32((pos + 0x632BE5AB) & 0xFFFFFFFF)) & 0xFFFFFFFF)
     h = _hash32(base[..., None] ^ v)
     assert (h.float() + 0.5) * (1.0 / 2**32) == 1.0  # the old conversion's infinite noise
-    g = gumbel_noise(keys, pos, 8192)
-    assert torch.isfinite(g).all() and g[0, 0, HOT_TOKEN] > 17
+    e = exponential_noise(keys, pos, 8192)
+    assert (e > 0).all() and torch.isfinite(e).all() and -e[0, 0, HOT_TOKEN].log() > 17
 
 
 def test_gumbel_coupling_never_drafts_a_token_the_target_excludes():
@@ -199,7 +200,7 @@ def test_gumbel_coupling_never_drafts_a_token_the_target_excludes():
     q = torch.full((1, 2, vocab), 1.0 / (vocab - 1), dtype=torch.float32)
     q[..., HOT_TOKEN] = 0.0
     pos = torch.tensor([[HOT_POS - 1, HOT_POS]])
-    noise = gumbel_noise(torch.tensor([HOT_KEY]), pos, vocab)
+    noise = exponential_noise(torch.tensor([HOT_KEY]), pos, vocab)
     tail = drafting.Tail(torch.tensor([0]), torch.zeros(1, 1, dtype=torch.long), q[:, :1],
                          q, pos, torch.zeros(1, 2), torch.zeros(1, 2), noise=noise)
     tokens, _ = drafting.GumbelShared(vocab).redraft(tail)

@@ -14,7 +14,7 @@ from speculaas.acceptance.base import AcceptanceRule
 from speculaas.api import generators_for
 from speculaas.config import JacobiConfig, SamplingConfig
 from speculaas.decoding import autoregressive, autoregressive_decode, decode
-from speculaas.sampling import gumbel_noise
+from speculaas.sampling import exponential_noise
 
 ALPHA = 1e-3
 N_SAMPLES = 24_000
@@ -95,8 +95,8 @@ def test_ar_gumbel_max_matches_exact_distribution(toy):
 def test_ar_with_noise_shared_across_positions_fails(toy, monkeypatch):
     """Negative control: one Gumbel draw per image reused at every position (a hash that
     forgets the position) couples the tokens of an image; the same test must reject it."""
-    monkeypatch.setattr(autoregressive, "gumbel_noise",
-                        lambda keys, pos, vocab: gumbel_noise(keys, pos * 0, vocab))
+    monkeypatch.setattr(autoregressive, "exponential_noise",
+                        lambda keys, pos, vocab: exponential_noise(keys, pos * 0, vocab))
     sampling = SamplingConfig(temperature=0.8)
     counts = sample_sequences(toy, None, None, sampling)
     assert chi_square_p(counts, toy.exact_distribution(sampling)) < ALPHA

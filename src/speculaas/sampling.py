@@ -104,23 +104,40 @@ def image_keys(generators: list[torch.Generator], device: torch.device) -> torch
                         for g in generators])
 
 
-def gumbel_noise(keys: torch.Tensor, pos: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Standard Gumbel noise fixed per (image key, generated position, token): keys [b],
-    pos [b, L] -> [b, L, V] float64.
+_TOKEN_CODES: dict = {}
+
+
+def _token_codes(vocab: int, device: torch.device) -> torch.Tensor:
+    key = (vocab, str(device))
+    if key not in _TOKEN_CODES:
+        _TOKEN_CODES[key] = (torch.arange(vocab, device=device) * 0x9E3779B1) & _MASK32
+    return _TOKEN_CODES[key]
+
+
+def exponential_noise(keys: torch.Tensor, pos: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Standard exponential noise E fixed per (image key, generated position, token): keys [b],
+    pos [b, L] -> [b, L, V] float32. -log(E) is standard Gumbel noise.
 
     A hash, not a random draw: a position gets the same noise at every iteration and in every
     decoding order, and no random tensor is kept or drawn. The 32-bit hash h becomes
-    u = (h + 0.5) / 2**32 in float64, exactly, so 0 < u < 1 and every value is finite (in
-    float32 the largest 128 hashes round to u = 1 and infinite noise: about 3e-8 of all
-    (position, token) pairs).
+    u = (h + 0.5) / 2**32 in float64, exactly, so 0 < u < 1, and E = -log(u) lies in
+    [1.2e-10, 22.9], finite and positive also after rounding to float32 (computing u in float32
+    rounds the largest 128 hashes to u = 1: E = 0, an infinite Gumbel value, for about 3e-8 of
+    all (position, token) pairs).
     """
     base = _hash32((keys[:, None] + _hash32((pos + 0x632BE5AB) & _MASK32)) & _MASK32)
-    v = (torch.arange(vocab, device=pos.device) * 0x9E3779B1) & _MASK32
-    u = (_hash32(base[..., None] ^ v).double() + 0.5) * (1.0 / 2**32)
-    return -torch.log(-torch.log(u))
+    x = base[..., None] ^ _token_codes(vocab, pos.device)
+    # lowbias32 in place: the [b, L, V] tensor is the decode's largest temporary
+    x ^= x >> 16
+    x.mul_(0x7FEB352D).bitwise_and_(_MASK32)
+    x ^= x >> 15
+    x.mul_(0x846CA68B).bitwise_and_(_MASK32)
+    x ^= x >> 16
+    return x.double().add_(0.5).mul_(1.0 / 2**32).log_().neg_().float()
 
 
 def gumbel_argmax(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """The Gumbel-max sample argmax(log p + g) of probs [..., V] under noise [..., V]: with g
-    standard Gumbel it is distributed as p; zero-probability tokens are never returned."""
-    return (probs.double().log() + noise).argmax(-1)
+    """The Gumbel-max sample argmax(log p + g) of probs [..., V] with g = -log(noise), computed
+    as the equivalent exponential race argmax(p / E) (no logarithm per token). With E standard
+    exponential it is distributed as p; zero-probability tokens are never returned."""
+    return (probs / noise).argmax(-1)

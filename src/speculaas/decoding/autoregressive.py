@@ -1,7 +1,7 @@
 """Plain autoregressive decoding: the reference every speculative method is measured against.
 
 Token t of an image is the Gumbel-max sample argmax(log target_t + g_t) under the image's noise
-(sampling.gumbel_noise, keyed by the first draw of its stream). Lossless speculative decoding
+(sampling.exponential_noise, keyed by the first draw of its stream). Lossless speculative decoding
 commits the same argmax at every position (Gumbel verification, decoding/verify.py), so for one
 seed it draws the very tokens this loop draws, whatever its window or batch.
 """
@@ -13,7 +13,7 @@ import torch
 from ..acceptance.functional import entropy
 from ..config import SamplingConfig
 from ..models.base import ImageModel, Session
-from ..sampling import gumbel_argmax, gumbel_noise, image_keys, target_probs
+from ..sampling import exponential_noise, gumbel_argmax, image_keys, target_probs
 from .result import DecodeResult
 
 
@@ -41,7 +41,7 @@ class AutoregressiveLoop:
                                             self.images, max_offset=t)
         q = target_probs(cond, uncond, self.sampling, self.model.layout.structural)[:, 0]
         pos = torch.full((batch, 1), t, device=dev)
-        tok = gumbel_argmax(q, gumbel_noise(self.keys, pos, q.shape[-1])[:, 0])
+        tok = gumbel_argmax(q, exponential_noise(self.keys, pos, q.shape[-1])[:, 0])
         self.seq[:, t] = torch.where(self.forced[t] >= 0, self.forced[t], tok)
         self.ent[:, t] = entropy(q)
         if self.progress is not None:

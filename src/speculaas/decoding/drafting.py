@@ -174,7 +174,7 @@ class Tail:
     verification uniform, reused: a tail slot's verification never decides anything).
     n_drafts [b] or None: drafts each window really has when windows of several lengths share
     the batch (slots at and after it hold no draft); None: all K. memory: the decode's
-    per-image memory (DecodeState.memory). noise [b, L, V] float64: the images' Gumbel noise
+    per-image memory (DecodeState.memory). noise [b, L, V]: the images' exponential noise
     at pos (given when the coupling's `needs_noise`, or under Gumbel verification).
     """
 
@@ -243,7 +243,7 @@ class Maximal(Coupling):
 
 class GumbelShared(Coupling):
     """Gumbel-sharing coupling (SCD's pi_GS): draft = argmax(log target + G), G the image's
-    noise at the slot's position (sampling.gumbel_noise, the noise Gumbel verification and AR
+    noise at the slot's position (sampling.exponential_noise, the noise Gumbel verification and AR
     sampling use too), so consecutive drafts agree where the target barely moved."""
 
     name = "gumbel"

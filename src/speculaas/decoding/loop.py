@@ -56,10 +56,17 @@ class Loop:
         self.logits: tuple | None = None
         self.committed = 0
 
-    def new_state(self, generators: list[torch.Generator]) -> DecodeState:
+    def new_state(self, generators: list[torch.Generator],
+                  noise_table: torch.Tensor | None = None) -> DecodeState:
+        """A fresh DecodeState; noise_table: reuse one already computed (the cost curve's timing
+        starts many states: rebuilding the table each time would also evict the weights from
+        the CPU caches before every timed step)."""
         m = self.model
         state = DecodeState.new(generators, m.layout.length, m.vocab_size,
                                 self.frontier.ring(m), self.frontier.max_window, m.device)
+        state.noise_table = noise_table
+        if self.needs_noise and noise_table is None:
+            state.tabulate_noise()
         self.init.begin(state.memory, generators, m.device)
         self.coupling.begin(state.memory, generators, m.device)
         return state
@@ -186,12 +193,14 @@ def measure_cost_curve(model: ImageModel, session: Session, sampling: SamplingCo
         loops = {w: Loop(model, session, rule, sampling, jacobi, Raster(model, WindowPolicy(w)),
                          gens) for w in todo if w}
         times: dict[int, list[float]] = {w: [] for w in todo}
+        table = None
         for _ in range(sweeps):
             for w in todo:
                 for call in range(warm + timed):
                     if w:
-                        loops[w].state = loops[w].new_state(gens)
+                        loops[w].state = loops[w].new_state(gens, table)
                         loops[w].state.committed_prefix(start)
+                        table = loops[w].state.noise_table
                     _sync(dev)
                     t0 = time.perf_counter()
                     loops[w].step() if w else ar.step(start)

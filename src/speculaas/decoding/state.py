@@ -14,7 +14,12 @@ from dataclasses import dataclass, field
 import torch
 
 from ..acceptance.functional import entropy
-from ..sampling import gumbel_noise, image_keys
+from ..sampling import exponential_noise, image_keys
+
+# Under this size a decode computes its images' noise of every position once (a table) instead
+# of hashing each window's positions every iteration (a position sits in several windows before
+# it commits). Either way the values are the same; only the memory and the time differ.
+NOISE_TABLE_BYTES = 256 * 2**20
 from .result import DecodeResult
 
 
@@ -85,6 +90,7 @@ class DecodeState:
     iteration: int = 0
     rule_seconds: float = 0.0
     memory: dict[str, torch.Tensor] = field(default_factory=dict)
+    noise_table: torch.Tensor | None = None
 
     @classmethod
     def new(cls, generators: list[torch.Generator], length: int, vocab: int, ring: int,
@@ -123,8 +129,20 @@ class DecodeState:
         self.count.fill_(start)
 
     def noise(self, img: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """The Gumbel noise of images img [G] at positions pos [G, L]: [G, L, V] float64."""
-        return gumbel_noise(self.keys[img], pos, self.vocab)
+        """The exponential noise (sampling.exponential_noise) of images img [G] at positions
+        pos [G, L]: [G, L, V] float32; from a table of every position when it fits in
+        NOISE_TABLE_BYTES (slots past the image end, never committed, read its last row)."""
+        if self.noise_table is not None:
+            return self.noise_table[img[:, None], pos.clamp(max=self.length - 1)]
+        return exponential_noise(self.keys[img], pos, self.vocab)
+
+    def tabulate_noise(self) -> None:
+        """Compute the noise table now if it fits (the loop does, before its first step)."""
+        b, n, v = self.batch, self.length, self.vocab
+        if b * n * v * 4 <= NOISE_TABLE_BYTES:
+            every = torch.arange(n, device=self.keys.device)[None]
+            self.noise_table = torch.cat([exponential_noise(self.keys[i : i + 1], every, v)
+                                          for i in range(b)])
 
     def uniforms(self, images: list[int], segments: list[int], window: int) -> Uniforms:
         """One block per verified segment, image-major: image images[i] draws segments[i]

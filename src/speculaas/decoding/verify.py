@@ -42,8 +42,8 @@ class Window:
     forced [G, K] or None: the token forced at each draft slot (-1 where free); a forced draft
     is accepted whatever the rule says. ragged: windows of several lengths share the batch, so
     the coupling is told that each one's drafts end at outputs - 1 (else every draft slot holds
-    a draft: the tail of a raster window near the image end). noise [G, L, V] float64 or None:
-    the images' Gumbel noise at pos (DecodeState.noise), for Gumbel verification or a coupling
+    a draft: the tail of a raster window near the image end). noise [G, L, V] or None:
+    the images' exponential noise at pos (DecodeState.noise), for Gumbel verification or a coupling
     that needs it.
     """
 
