@@ -131,3 +131,128 @@ def test_cost_curve_persists_for_the_machine(tmp_path, monkeypatch):
     third = sp.load_model("tiny", vocab_size=12, grid=(3, 5), seed=2)
     measure_cost_curve(third, third.start([1, 2], cfg=True), CFG, (1, 4))
     assert len(json.loads((tmp_path / "cost_curves.json").read_text())) == 1
+
+
+# The cost-curve cache as a user relies on it. ----------------------------------------------
+
+
+def steady(windows):  # a consistent measurement: cost grows with the window, timings agree
+    return {w: [0.01 * (1 + w)] * 4 for w in windows}
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECULAAS_CACHE_DIR", str(tmp_path))
+    return tmp_path / "cost_curves.json"
+
+
+def fresh_tiny():  # another model object of one shape: another process, as far as caching goes
+    return sp.load_model("tiny", vocab_size=12, grid=(3, 5), seed=0)
+
+
+class Counting:
+    def __init__(self, fn=steady):
+        self.fn, self.calls = fn, []
+
+    def __call__(self, windows):
+        self.calls.append(tuple(windows))
+        return self.fn(windows)
+
+
+@pytest.mark.parametrize("text", ["[]", "NaN", "{not json", '"a string"', "null"])
+def test_a_cache_file_of_the_wrong_shape_is_ignored_once(cache, text):
+    from speculaas.decoding.window import cost_curve
+
+    cache.write_text(text)
+    measure = Counting()
+    with pytest.warns(UserWarning, match="cost-curve cache"):
+        curve = cost_curve(fresh_tiny(), 1, False, "t", (0, 1, 4), measure)
+    assert curve == {0: 0.01, 1: 0.02, 4: 0.05} and measure.calls == [(0, 1, 4)]
+    assert isinstance(json.loads(cache.read_text()), dict)  # rewritten whole
+
+
+@pytest.mark.parametrize("entry", [{"t": {"1": 0.0, "4": 0.1}, "ok": True},
+                                   {"t": {"1": -1.0, "4": 0.1}, "ok": True},
+                                   {"t": {"1": "NaN", "4": 0.1}, "ok": True},
+                                   {"t": [], "ok": True}, {"1": 0.5, "4": 0.9}, []])
+def test_stored_curves_with_bad_times_are_measured_again(cache, entry):
+    from speculaas.decoding.window import _curve_key, cost_curve
+
+    model = fresh_tiny()
+    cache.write_text(json.dumps({_curve_key(model, 1, False, "t"): entry}))
+    measure = Counting()
+    with pytest.warns(UserWarning, match="malformed"):
+        assert cost_curve(model, 1, False, "t", (1, 4), measure) == {1: 0.02, 4: 0.05}
+    assert measure.calls == [(1, 4)]
+
+
+def test_measuring_a_new_window_keeps_the_stored_ones(cache):
+    from speculaas.decoding.window import cost_curve
+
+    cost_curve(fresh_tiny(), 1, False, "t", (1, 4), Counting())
+    cost_curve(fresh_tiny(), 2, False, "t", (1,), Counting())  # another batch: another entry
+    later = Counting(lambda ws: {w: [9.0] * 4 for w in ws})
+    assert cost_curve(fresh_tiny(), 1, False, "t", (1, 4, 8), later) == {1: 0.02, 4: 0.05,
+                                                                          8: 9.0}
+    assert later.calls == [(8,)]
+    table = json.loads(cache.read_text())
+    batch1 = [v for k, v in table.items() if json.loads(k)[9] == 1]
+    assert len(table) == 2 and sorted(batch1[0]["t"]) == ["1", "4", "8"]
+
+
+def test_a_curve_measured_on_a_busy_machine_is_provisional(cache):
+    from speculaas.decoding import window
+
+    def busy(ws):  # timings that disagree by a factor of 10: someone else had the CPU
+        return {w: [0.01, 0.1, 0.01, 0.1] for w in ws}
+
+    measure = Counting(busy)
+    window.cost_curve(fresh_tiny(), 1, False, "t", (1, 4), measure)
+    assert len(measure.calls) == 1 + window.RETRIES  # measured again within the process
+    stored = next(iter(json.loads(cache.read_text()).values()))
+    assert stored["ok"] is False and stored["spread"]["1"] > window.MAX_SPREAD
+    # The next process measures it again and keeps the steadier curve ...
+    calm = Counting()
+    assert window.cost_curve(fresh_tiny(), 1, False, "t", (1, 4), calm) == {1: 0.02, 4: 0.05}
+    assert calm.calls == [(1, 4)]
+    stored = next(iter(json.loads(cache.read_text()).values()))
+    assert stored["ok"] is True and stored["rounds"] == 2
+    # ... which then stays.
+    assert window.cost_curve(fresh_tiny(), 1, False, "t", (1, 4), Counting(busy)) == {
+        1: 0.02, 4: 0.05}
+    # A machine that is always busy is re-measured at most ROUNDS times in all.
+    cache.unlink()
+    for _ in range(window.ROUNDS + 2):
+        window.cost_curve(fresh_tiny(), 1, False, "u", (1,), Counting(busy))
+    assert next(iter(json.loads(cache.read_text()).values()))["rounds"] == window.ROUNDS
+
+
+def test_inconsistent_curves_are_caught():
+    from speculaas.decoding.window import consistent
+
+    assert consistent({0: 1.0, 1: 1.1, 4: 2.0}, {0: 0.1, 1: 0.1, 4: 0.1})
+    assert not consistent({0: 1.0, 1: 1.1, 4: 0.5}, {0: 0.1, 1: 0.1, 4: 0.1})  # W=4 cheaper
+    assert not consistent({1: 1.0, 4: 2.0}, {1: 0.9, 4: 0.1})  # spread
+    assert not consistent({1: float("nan"), 4: 2.0}, {1: 0.1, 4: 0.1})
+
+
+def test_the_key_holds_sampling_work_and_prompt_length(cache):
+    model = fresh_tiny()
+    for sampling in (CFG, SamplingConfig(cfg_scale=2.0, top_k=3),
+                     SamplingConfig(cfg_scale=2.0, top_p=0.9)):
+        measure_cost_curve(model, model.start([1], cfg=True), sampling, (1,), sweeps=1,
+                           warm=0, timed=2)
+    assert len(json.loads(cache.read_text())) == 3
+
+
+def test_the_first_auto_decode_says_it_measures_and_leaves_that_out_of_its_latency(
+        cache, capsys):
+    model = fresh_tiny()
+    first = sp.generate(model, [1, 2], method="sjd", seed=0, decode_images=False)
+    said = capsys.readouterr().err
+    assert "timing one decoding iteration" in said and str(cache) in said
+    assert first.calibration_s > 0
+    again = sp.generate(model, [1, 2], method="sjd", seed=0, decode_images=False)
+    assert "timing" not in capsys.readouterr().err and again.calibration_s < 0.05
+    assert torch.equal(first.tokens, again.tokens)
+    assert sum(first.windows[0].values()) == int(first.forward_passes[0])

@@ -25,7 +25,10 @@ class GenerationOutput:
     forwards spent on each image (prefill excluded: AR spends N); commit_step [B, rows, cols]
     iteration that committed each token; drafted [B, rows, cols] True where an accepted draft was
     committed; entropy [B, rows, cols] target entropy (nats) at each token's verification;
-    latency_s wall time of prefill + decode (image decoding excluded).
+    latency_s wall time of prefill + decode (image decoding excluded, and so is calibration_s:
+    the one-off timing of the windows when window="auto" meets a machine, model and batch size
+    for the first time). windows: per image, forwards at each window size {W: count} (AR: all
+    at 1); mean_window the mean of it.
     """
 
     method: str
@@ -41,6 +44,8 @@ class GenerationOutput:
     options: dict = field(default_factory=dict)
     sequence: torch.Tensor | None = None  # generated tokens including structural ones
     mean_window: torch.Tensor | None = None  # [B] mean window per image (1 for AR)
+    windows: list[dict[int, int]] = field(default_factory=list)  # per image {window: forwards}
+    calibration_s: float = 0.0  # timing the windows for the policy's cost curve (not in latency)
 
     @property
     def step_compression(self) -> torch.Tensor:
@@ -149,7 +154,7 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
     res = DecodeResult.concat(parts)
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
-    latency = time.perf_counter() - t0
+    latency = time.perf_counter() - t0 - res.calibration_s
     if bar is not None:
         bar.close()
     lay = model.layout
@@ -169,5 +174,6 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
                  **({"row_context": row_context} if row_context is not None else {}),
                  **options, **vars(sampling)},
         sequence=res.tokens.cpu(),
-        mean_window=(res.mean_window.cpu() if res.mean_window is not None
-                     else torch.ones(len(prompts))))
+        mean_window=res.mean_window.cpu(), calibration_s=res.calibration_s,
+        windows=[{w: n for w, n in enumerate(row) if n}
+                 for row in res.window_hist.cpu().tolist()])

@@ -160,12 +160,19 @@ def cmd_generate(args: argparse.Namespace) -> None:
     for i, p in enumerate(paths):
         print(f"{p}: {int(out.forward_passes[i])} forward passes for {n} tokens, "
               f"step compression {float(out.step_compression[i]):.2f}x")
-    print(f"latency {out.latency_s:.2f} s for {len(prompts)} image(s); map: {map_path}")
+    timing = (f" (+ {out.calibration_s:.1f} s timing the windows, once for this machine)"
+              if out.calibration_s >= 0.05 else "")
+    print(f"latency {out.latency_s:.2f} s for {len(prompts)} image(s){timing}; map: {map_path}")
     if args.method != "ar" and args.window in (None, "auto") and args.row_context is None:
         mean = float(out.mean_window.mean())
+        used: dict[int, int] = {}
+        for per_image in out.windows:
+            for w, n in per_image.items():
+                used[w] = used.get(w, 0) + n
         print(f"window auto: mean {mean:.1f}" + (
             f" (plain AR: on this {model.device.type} at batch {len(prompts)} no window pays "
-            "for its forward; --window 16 forces one)" if mean == 1.0 else ""))
+            "for its forward; --window 16 forces one)" if mean == 1.0 else
+            "; forwards per window " + ", ".join(f"{w}: {n}" for w, n in sorted(used.items()))))
 
 
 def cmd_bench(args: argparse.Namespace) -> None:

@@ -55,7 +55,8 @@ class AutoregressiveLoop:
                             commit_step=steps, drafted=torch.zeros_like(self.seq, dtype=torch.bool),
                             entropy=self.ent, accept_hist=torch.full((batch, 1), length,
                                                                      device=dev),
-                            iterations=length)
+                            iterations=length,
+                            window_hist=torch.tensor([[0, length]] * batch, device=dev))
 
 
 @torch.inference_mode()

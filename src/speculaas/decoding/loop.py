@@ -19,7 +19,6 @@ iteration's targets; everything else stays on the device.
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import time
 
 import torch
@@ -151,19 +150,27 @@ def decode(model: ImageModel, session: Session, rule: AcceptanceRule, sampling: 
         frontier = Raster(model, policy, batch_min=jacobi.advance == "batch_min")
     loop = Loop(model, session, rule, sampling, jacobi, frontier, generators, progress, profile)
 
-    def measure(windows: tuple[int, ...]) -> dict[int, float]:
-        return measure_cost_curve(model, session, sampling, windows, rule, jacobi)
+    spent = 0.0
 
-    frontier.begin(model, session, loop.state, sampling.uses_cfg, rule.lossless, measure)
+    def measure(windows: tuple[int, ...]) -> dict[int, float]:
+        nonlocal spent
+        t0 = time.perf_counter()
+        curve = measure_cost_curve(model, session, sampling, windows, rule, jacobi)
+        spent += time.perf_counter() - t0
+        return curve
+
+    frontier.begin(model, session, loop.state, sampling.uses_cfg, rule.exact, measure)
     if isinstance(frontier, Raster) and frontier.policy.plain_ar():
         res = autoregressive_decode(model, session, sampling, generators, progress,
                                     keys=loop.state.keys)
         hist = torch.zeros(len(generators), frontier.max_window, dtype=torch.long,
                            device=model.device)
         hist[:, 0] = res.iterations
-        return dataclasses.replace(res, accept_hist=hist,
-                                   mean_window=torch.ones(len(generators), device=model.device))
-    return loop.run()
+        res = dataclasses.replace(res, accept_hist=hist)
+    else:
+        res = loop.run()
+    res.calibration_s = spent
+    return res
 
 
 def measure_cost_curve(model: ImageModel, session: Session, sampling: SamplingConfig,
@@ -207,9 +214,14 @@ def measure_cost_curve(model: ImageModel, session: Session, sampling: SamplingCo
                     _sync(dev)
                     if call >= warm:
                         times[w].append(time.perf_counter() - t0)
-        return {w: statistics.median(t) for w, t in times.items()}
+        return times
 
-    tag = f"{rule.name}/{jacobi.draft_init}/{jacobi.coupling}/{jacobi.verify}"
+    # What else changes the cost: top-k / top-p work over the vocabulary, the prompt's length
+    # (attention over it; bucketed by powers of two).
+    context = session.context_length()
+    tag = (f"{rule.name}/{jacobi.draft_init}/{jacobi.coupling}/{jacobi.verify}/"
+           f"top_k={sampling.top_k is not None}/top_p={sampling.top_p is not None}/"
+           f"context<={1 << max(context - 1, 0).bit_length()}")
     with torch.inference_mode():
         return cost_curve(model, batch, sampling.uses_cfg, tag, windows, time_all)
 

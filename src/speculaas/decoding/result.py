@@ -17,7 +17,9 @@ class DecodeResult:
     sampled by the target at that iteration). entropy [B, T]: entropy (nats) of the target
     distribution that decided each position. accept_hist [B, W]: how many iterations accepted
     0, 1, ..., W - 1 drafts. rule_seconds: time spent inside the acceptance rule.
-    mean_window [B]: mean window each image got (the window policy may vary it).
+    window_hist [B, W + 1]: forwards that ran each image with each window (the window policy
+    may vary it; AR: all at window 1). calibration_s: time spent timing the loop for the window
+    policy's cost curve (zero once it is cached), not part of the decode's own latency.
     """
 
     tokens: torch.Tensor
@@ -28,7 +30,16 @@ class DecodeResult:
     accept_hist: torch.Tensor
     iterations: int
     rule_seconds: float = 0.0
-    mean_window: torch.Tensor | None = None
+    window_hist: torch.Tensor | None = None
+    calibration_s: float = 0.0
+
+    @property
+    def mean_window(self) -> torch.Tensor:
+        """[B] mean window each image got."""
+        if self.window_hist is None:
+            return torch.ones(self.tokens.shape[0], device=self.tokens.device)
+        w = torch.arange(self.window_hist.shape[1], device=self.window_hist.device)
+        return (self.window_hist * w).sum(1) / self.window_hist.sum(1).clamp(min=1)
 
     @classmethod
     def concat(cls, parts: list[DecodeResult]) -> DecodeResult:
@@ -38,11 +49,16 @@ class DecodeResult:
 
         def cat(name: str) -> torch.Tensor | None:
             values = [getattr(p, name) for p in parts]
-            return None if values[0] is None else torch.cat(values)
+            if values[0] is None:
+                return None
+            width = max(v.shape[-1] for v in values)  # histograms of different windows
+            return torch.cat([torch.nn.functional.pad(v, (0, width - v.shape[-1]))
+                              if v.dim() == 2 and name.endswith("hist") else v for v in values])
 
         return cls(tokens=cat("tokens"), forward_passes=cat("forward_passes"),
                    commit_step=cat("commit_step"), drafted=cat("drafted"),
                    entropy=cat("entropy"), accept_hist=cat("accept_hist"),
                    iterations=sum(p.iterations for p in parts),
                    rule_seconds=sum(p.rule_seconds for p in parts),
-                   mean_window=cat("mean_window"))
+                   window_hist=cat("window_hist"),
+                   calibration_s=sum(p.calibration_s for p in parts))

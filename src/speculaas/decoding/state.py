@@ -65,8 +65,8 @@ class DecodeState:
     count [B]: committed positions. draft_tokens [B, R + 1], draft_laws [B, R + 1, V],
     has_draft [B, R + 1]: the drafts waiting for verification, at column position % R (column R
     absorbs writes); a draft's law is the distribution it was drawn from. forward_passes [B],
-    accept_hist [B, W] (iterations that accepted 0 .. W - 1 drafts), window_sum [B] (over the
-    iterations that ran each image: the mean window is window_sum / forward_passes). memory:
+    accept_hist [B, W] (iterations that accepted 0 .. W - 1 drafts), window_hist [B, W + 1]
+    (forwards that ran each image with each window). memory:
     per-image tensors of the other parts (a drafter's ring of targets, the Gumbel keys, which
     keys the cache holds in two-dimensional order), each [B, ...], named by their owner.
     generators: one random stream per image.
@@ -85,7 +85,7 @@ class DecodeState:
     has_draft: torch.Tensor
     forward_passes: torch.Tensor
     accept_hist: torch.Tensor
-    window_sum: torch.Tensor
+    window_hist: torch.Tensor
     keys: torch.Tensor
     iteration: int = 0
     rule_seconds: float = 0.0
@@ -112,7 +112,7 @@ class DecodeState:
                    has_draft=zeros(b, ring + 1, dtype=torch.bool),
                    forward_passes=zeros(b, dtype=torch.long),
                    accept_hist=zeros(b, max_window, dtype=torch.long),
-                   window_sum=zeros(b), keys=keys)
+                   window_hist=zeros(b, max_window + 1, dtype=torch.long), keys=keys)
 
     @property
     def batch(self) -> int:
@@ -197,8 +197,7 @@ class DecodeState:
     def ran(self, images: torch.Tensor, window: int) -> None:
         """Count one forward with `window` slots for each of images [b] (each at most once)."""
         self.forward_passes.index_add_(0, images, torch.ones_like(images))
-        self.window_sum.index_add_(0, images, self.window_sum.new_full(images.shape,
-                                                                       float(window)))
+        self.window_hist[images, window] += 1
 
     def result(self) -> DecodeResult:
         n = self.length
@@ -206,4 +205,4 @@ class DecodeState:
                             commit_step=self.step[:, :n], drafted=self.drafted[:, :n],
                             entropy=self.entropy[:, :n], accept_hist=self.accept_hist,
                             iterations=self.iteration, rule_seconds=self.rule_seconds,
-                            mean_window=self.window_sum / self.forward_passes.clamp(min=1))
+                            window_hist=self.window_hist)

@@ -17,8 +17,12 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
 import os
 import platform
+import statistics
+import sys
+import warnings
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -41,9 +45,19 @@ PRIOR_TOKENS = {
 }
 
 # model -> {(batch, cfg, tag): {window: seconds}}; measured once per process. The version tag
-# retires curves measured by an older loop.
-_CURVE_VERSION = 2
+# retires curves measured by an older loop (3: Gumbel verification, spread and consistency).
+_CURVE_VERSION = 3
 _COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# A measured curve is trusted when every window's timed steps agree (interquartile range within
+# MAX_SPREAD of the median) and no wider window looks cheaper than MAX_DROP times a narrower
+# one; else it is measured again, up to RETRIES more times in the process, and a curve that
+# never passes is stored as provisional: later processes measure it again (at most ROUNDS
+# times in all) and keep the steadier measurement.
+MAX_SPREAD = 0.3
+MAX_DROP = 0.9
+RETRIES = 2
+ROUNDS = 3
+_warned: set[str] = set()
 
 
 def cost_cache_file() -> Path | None:
@@ -69,7 +83,8 @@ def _machine() -> str:
 def _curve_key(model, batch: int, cfg: bool, tag: str) -> str:  # noqa: ANN001
     """What the cost of an iteration depends on: the model's shape (name, vocabulary, tokens,
     parameter count and dtype of its modules), the device, the threads, torch, the batch,
-    whether guidance doubles the rows, and the loop's rule and drafter (`tag`)."""
+    whether guidance doubles the rows, and the loop's configuration `tag` (rule, drafter,
+    verification, top-k / top-p work, prompt length bucket)."""
     params, dtypes = 0, set()
     for value in vars(model).values():
         if isinstance(value, torch.nn.Module):
@@ -83,57 +98,167 @@ def _curve_key(model, batch: int, cfg: bool, tag: str) -> str:  # noqa: ANN001
                        torch.__version__, batch, cfg, tag, _CURVE_VERSION])
 
 
+def _warn_once(path: Path, why: str) -> None:
+    if str(path) not in _warned:
+        _warned.add(str(path))
+        warnings.warn(f"ignoring {why} in the cost-curve cache {path}; measuring again",
+                      stacklevel=3)
+
+
+def _valid_times(times: object) -> dict[int, float] | None:
+    """{window: seconds} with every window an integer >= 0 and every time finite and > 0."""
+    if not isinstance(times, dict) or not times:
+        return None
+    out = {}
+    for w, t in times.items():
+        try:
+            w_i, t_f = int(w), float(t)
+        except (TypeError, ValueError):
+            return None
+        if w_i < 0 or not math.isfinite(t_f) or t_f <= 0:
+            return None
+        out[w_i] = t_f
+    return out
+
+
+def _entry(raw: object) -> dict | None:
+    """A stored curve {"t": times, "spread": {window: relative IQR}, "ok": bool, "rounds": n},
+    checked; None where any part is malformed."""
+    if not isinstance(raw, dict):
+        return None
+    times, spread = _valid_times(raw.get("t")), raw.get("spread", {})
+    if times is None or not isinstance(raw.get("ok"), bool) or not isinstance(spread, dict):
+        return None
+    try:
+        spread = {int(w): float(v) for w, v in spread.items()}
+        rounds = int(raw.get("rounds", 1))
+    except (TypeError, ValueError):
+        return None
+    return {"t": times, "spread": spread, "ok": raw["ok"], "rounds": rounds}
+
+
+def summarise(samples: dict[int, list[float]]) -> dict:
+    """Timed samples {window: [seconds]} -> a curve entry: medians, relative interquartile
+    ranges, whether the curve is consistent (module constants), one round."""
+    times, spread = {}, {}
+    for w, ts in samples.items():
+        ts = sorted(ts)
+        med = statistics.median(ts)
+        q = statistics.quantiles(ts, n=4) if len(ts) > 1 else [med, med, med]
+        times[w], spread[w] = med, (q[2] - q[0]) / med if med > 0 else math.inf
+    return {"t": times, "spread": spread, "ok": consistent(times, spread), "rounds": 1}
+
+
+def consistent(times: dict[int, float], spread: dict[int, float]) -> bool:
+    """Every time finite and positive, every spread within MAX_SPREAD, and no wider window
+    cheaper than MAX_DROP times the next narrower one (window 0, an AR step, is not compared)."""
+    if _valid_times(times) is None or any(not s <= MAX_SPREAD for s in spread.values()):
+        return False
+    ws = sorted(w for w in times if w > 0)
+    return all(times[b] >= MAX_DROP * times[a] for a, b in itertools.pairwise(ws))
+
+
+def _steadier(a: dict, b: dict) -> dict:
+    """The better of two measurements of the same windows: a consistent one, else the one whose
+    worst window spreads less."""
+    def worst(e: dict) -> float:
+        return max(e["spread"].values(), default=math.inf)
+    if a["ok"] != b["ok"]:
+        return a if a["ok"] else b
+    return a if worst(a) <= worst(b) else b
+
+
 @contextlib.contextmanager
 def _disk_cache(model, batch: int, cfg: bool, tag: str):  # noqa: ANN001, ANN202
-    """Yields (stored curve or None, store(curve)). Processes on one machine share the curve, so
-    a resumed or distributed bench and repeated CLI calls choose the same windows; a lock makes
-    concurrent processes wait for the first one's measurement instead of taking their own."""
+    """Yields (stored entry or None, store(entry), where). Processes on one machine share the
+    curve, so a resumed or distributed bench and repeated CLI calls choose the same windows; a
+    lock makes concurrent processes wait for the first one's measurement instead of taking
+    their own. A file or an entry of the wrong shape is ignored with one warning."""
     path = cost_cache_file()
     if path is None:
-        yield None, lambda curve: None
+        yield None, lambda entry: None, "memory only"
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = open(path.with_suffix(".lock"), "a")  # noqa: SIM115
     except OSError:  # read-only home: measure every process
-        yield None, lambda curve: None
+        yield None, lambda entry: None, "memory only"
         return
     key = _curve_key(model, batch, cfg, tag)
     with lock:
         with contextlib.suppress(ImportError, OSError):
             import fcntl
             fcntl.flock(lock, fcntl.LOCK_EX)
+        table: dict = {}
         try:
             table = json.loads(path.read_text()) if path.is_file() else {}
         except (OSError, ValueError):
+            _warn_once(path, "an unreadable file")
+        if not isinstance(table, dict):
+            _warn_once(path, f"a {type(table).__name__} where a table of curves belongs")
             table = {}
-        stored = {int(w): float(t) for w, t in table.get(key, {}).items()}
+        stored = _entry(table[key]) if key in table else None
+        if key in table and stored is None:
+            _warn_once(path, "a malformed curve")
 
-        def store(curve: dict[int, float]) -> None:
-            table[key] = {str(w): t for w, t in {**stored, **curve}.items()}
+        def store(entry: dict) -> None:
+            current = {k: v for k, v in table.items()
+                       if _key_version(k) == _CURVE_VERSION and k != key}  # retire old loops
+            current[key] = {"t": {str(w): t for w, t in entry["t"].items()},
+                            "spread": {str(w): s for w, s in entry["spread"].items()},
+                            "ok": entry["ok"], "rounds": entry["rounds"]}
             with contextlib.suppress(OSError):
-                write_text(path, json.dumps(table, indent=1))
+                write_text(path, json.dumps(current, indent=1))
 
-        yield stored or None, store
+        yield stored, store, str(path)
+
+
+def _key_version(key: str) -> object:
+    try:
+        return json.loads(key)[-1]
+    except (ValueError, TypeError, IndexError, KeyError):
+        return None
 
 
 def cost_curve(model, batch: int, cfg: bool, tag: str, windows: tuple[int, ...],  # noqa: ANN001
-               measure: Callable[[tuple[int, ...]], dict[int, float]]) -> dict[int, float]:
+               measure: Callable[[tuple[int, ...]], dict[int, list[float]]]) -> dict[int, float]:
     """The cost curve {window: seconds per iteration} of this model, batch, guidance setting
-    and loop configuration `tag`, measured by `measure(windows still unknown)` (the loop's own
-    step(), decoding/loop.py) once per model object for the life of the process and once per
-    machine on disk (`cost_cache_file`): the first process measures, later ones reuse its curve.
-    Window 0 is a step of plain AR decoding."""
+    and loop configuration `tag`, from `measure(windows)` -> {window: [timed seconds]} (the
+    loop's own step(), decoding/loop.py): once per model object for the life of the process,
+    and once per machine on disk (`cost_cache_file`), where a provisional (inconsistent) curve
+    is measured again by later processes. Windows missing from a stored curve are measured and
+    merged into it. Says on stderr when it measures. Window 0 is a step of plain AR decoding."""
     key = (batch, cfg, tag)
     cached = _COSTS.setdefault(model, {}).get(key, {})
     if all(w in cached for w in windows):
         return {w: cached[w] for w in windows}
-    with _disk_cache(model, batch, cfg, tag) as (stored, store):
-        known = {**(stored or {}), **cached}
-        todo = tuple(w for w in windows if w not in known)
-        if todo:
-            known.update(measure(todo))
-            store(known)
+    with _disk_cache(model, batch, cfg, tag) as (stored, store, where):
+        entry = stored
+        todo = tuple(w for w in windows if entry is None or w not in entry["t"])
+        again = entry is not None and not entry["ok"] and entry["rounds"] < ROUNDS
+        if todo or again:
+            todo = tuple(sorted(set(windows) | set(entry["t"]))) if again else todo
+            print(f"speculaas: timing one decoding iteration at windows {list(todo)} for "
+                  f"{model.name}, batch {batch} (once per machine and setting; cached in "
+                  f"{where})", file=sys.stderr, flush=True)
+            new = summarise(measure(todo))
+            for _ in range(RETRIES):
+                if new["ok"]:
+                    break
+                new = _steadier(new, summarise(measure(todo)))
+            if entry is None:
+                entry = new
+            elif again:  # a provisional curve: keep the steadier of the two measurements
+                best = _steadier(new, entry)
+                entry = {"t": {**new["t"], **best["t"]},
+                         "spread": {**new["spread"], **best["spread"]}, "ok": best["ok"],
+                         "rounds": entry["rounds"] + 1}
+            else:  # windows the stored curve lacks, merged in
+                entry = {"t": {**entry["t"], **new["t"]},
+                         "spread": {**entry["spread"], **new["spread"]},
+                         "ok": entry["ok"] and new["ok"], "rounds": entry["rounds"]}
+            store(entry)
+    known = {**entry["t"], **cached}
     _COSTS[model][key] = known
     return {w: known[w] for w in windows}
 

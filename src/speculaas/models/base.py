@@ -89,6 +89,11 @@ class Session(ABC):
 
     batch_size: int
 
+    def context_length(self) -> int:
+        """Tokens before the first image token (the longest prompt of the batch): part of what
+        an iteration costs."""
+        return 0
+
     @abstractmethod
     def forward(self, inputs: torch.Tensor, offset: torch.Tensor, images: torch.Tensor,
                 max_offset: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -176,6 +181,9 @@ class PrefixDecoderSession(Session):
             pos = torch.arange(self.prompt_len - 1, device=device).expand(ids.shape[0], -1)
             with torch.inference_mode():
                 decoder.forward_cached(ids[:, :-1], pos, self.cache, self.all_rows)
+
+    def context_length(self) -> int:
+        return self.prompt_len
 
     @torch.inference_mode()
     def forward(self, inputs, offset, images, max_offset=None):  # noqa: ANN001, ANN201

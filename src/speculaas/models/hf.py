@@ -98,6 +98,9 @@ class PerImageCacheSession(Session):
                 self.prompt_len.append(rows.shape[1])
                 self.last.append(rows[:, -1])  # the prompt's last token opens the first window
 
+    def context_length(self) -> int:
+        return max(self.prompt_len)
+
     @torch.inference_mode()
     def forward(self, inputs, offset, images, max_offset=None):  # noqa: ANN001, ANN201
         cond, uncond = [], []

@@ -516,6 +516,9 @@ class _LlamaGenSession(Session):
                     emb[:, :-1], pos, self.cache, torch.arange(rows, device=emb.device)
                 )
 
+    def context_length(self) -> int:
+        return self.prefix
+
     @torch.inference_mode()
     def forward(self, inputs, offset, images, max_offset=None):  # noqa: ANN001, ANN201
         rows = torch.cat([images, images + self.batch_size]) if self.cfg else images
