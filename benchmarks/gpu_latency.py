@@ -4,7 +4,8 @@
     python benchmarks/gpu_latency.py --device cuda --model janus --weights PATH --dtype bfloat16
     python benchmarks/gpu_latency.py --model tiny --batches 1 --windows 4,auto --groups 2  # CPU
 
-For each batch size: ar, sjd and csd (delta 0.35 / 0.65 / 0.8) with the default drafting, at
+For each batch size: ar, sjd (Gumbel verification and the ratio test) and csd (delta 0.35 /
+0.65 / 0.8) with the default drafting, at
 each window, on `--groups` different batches of prompts; the runs are interleaved (every variant
 on a group before the next group) so machine drift hits all alike. Prints a table (median
 latency per batch, forward passes per image, images per second, speed-up vs AR = median over the
@@ -24,7 +25,9 @@ import torch
 import speculaas as sp
 from speculaas.bench.prompts import load_prompts
 
-RULES = [("sjd", {}), ("csd", {"delta": 0.35}), ("csd", {"delta": 0.65}), ("csd", {"delta": 0.8})]
+# sjd: Gumbel verification (the default, sample-exact); sjd(verify=ratio): the classic test.
+RULES = [("sjd", {}), ("sjd", {"verify": "ratio"}), ("csd", {"delta": 0.35}),
+         ("csd", {"delta": 0.65}), ("csd", {"delta": 0.8})]
 
 
 def label(method: str, opts: dict, window) -> str:  # noqa: ANN001
