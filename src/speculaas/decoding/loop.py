@@ -219,7 +219,8 @@ def measure_cost_curve(model: ImageModel, session: Session, sampling: SamplingCo
     # What else changes the cost: top-k / top-p work over the vocabulary, the prompt's length
     # (attention over it; bucketed by powers of two).
     context = session.context_length()
-    tag = (f"{rule.name}/{jacobi.draft_init}/{jacobi.coupling}/{jacobi.verify}/"
+    verify = "gumbel" if rule.exact and jacobi.verify == "gumbel" else "ratio"
+    tag = (f"{rule.name}/{jacobi.draft_init}/{jacobi.coupling}/{verify}/"
            f"top_k={sampling.top_k is not None}/top_p={sampling.top_p is not None}/"
            f"context<={1 << max(context - 1, 0).bit_length()}")
     with torch.inference_mode():

@@ -15,6 +15,7 @@ drafts it keeps or drops, so every lossless rule stays lossless (tested on the t
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import json
 import math
@@ -22,6 +23,7 @@ import os
 import platform
 import statistics
 import sys
+import time
 import warnings
 import weakref
 from collections.abc import Callable
@@ -53,7 +55,7 @@ _COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # one; else it is measured again, up to RETRIES more times in the process, and a curve that
 # never passes is stored as provisional: later processes measure it again (at most ROUNDS
 # times in all) and keep the steadier measurement.
-MAX_SPREAD = 0.3
+MAX_SPREAD = 0.5
 MAX_DROP = 0.9
 RETRIES = 2
 ROUNDS = 3
@@ -62,9 +64,10 @@ _warned: set[str] = set()
 
 def cost_cache_file() -> Path | None:
     """Where measured cost curves persist between processes: $SPECULAAS_CACHE_DIR (or
-    ~/.cache/speculaas)/cost_curves.json; SPECULAAS_CACHE_DIR=off keeps them in memory only."""
+    ~/.cache/speculaas)/cost_curves.json; SPECULAAS_CACHE_DIR=off (or none, 0, false, no)
+    keeps them in memory only."""
     root = os.environ.get("SPECULAAS_CACHE_DIR")
-    if root == "off":
+    if root is not None and root.strip().lower() in ("off", "none", "0", "false", "no"):
         return None
     base = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME",
                                                        Path.home() / ".cache")) / "speculaas"
@@ -168,56 +171,120 @@ def _steadier(a: dict, b: dict) -> dict:
     return a if worst(a) <= worst(b) else b
 
 
-@contextlib.contextmanager
-def _disk_cache(model, batch: int, cfg: bool, tag: str):  # noqa: ANN001, ANN202
-    """Yields (stored entry or None, store(entry), where). Processes on one machine share the
-    curve, so a resumed or distributed bench and repeated CLI calls choose the same windows; a
-    lock makes concurrent processes wait for the first one's measurement instead of taking
-    their own. A file or an entry of the wrong shape is ignored with one warning."""
-    path = cost_cache_file()
-    if path is None:
-        yield None, lambda entry: None, "memory only"
-        return
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(path.with_suffix(".lock"), "a")  # noqa: SIM115
-    except OSError:  # read-only home: measure every process
-        yield None, lambda entry: None, "memory only"
-        return
-    key = _curve_key(model, batch, cfg, tag)
-    with lock:
-        with contextlib.suppress(ImportError, OSError):
-            import fcntl
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        table: dict = {}
-        try:
-            table = json.loads(path.read_text()) if path.is_file() else {}
-        except (OSError, ValueError):
-            _warn_once(path, "an unreadable file")
-        if not isinstance(table, dict):
-            _warn_once(path, f"a {type(table).__name__} where a table of curves belongs")
-            table = {}
-        stored = _entry(table[key]) if key in table else None
-        if key in table and stored is None:
-            _warn_once(path, "a malformed curve")
-
-        def store(entry: dict) -> None:
-            current = {k: v for k, v in table.items()
-                       if _key_version(k) == _CURVE_VERSION and k != key}  # retire old loops
-            current[key] = {"t": {str(w): t for w, t in entry["t"].items()},
-                            "spread": {str(w): s for w, s in entry["spread"].items()},
-                            "ok": entry["ok"], "rounds": entry["rounds"]}
-            with contextlib.suppress(OSError):
-                write_text(path, json.dumps(current, indent=1))
-
-        yield stored, store, str(path)
-
-
 def _key_version(key: str) -> object:
     try:
         return json.loads(key)[-1]
     except (ValueError, TypeError, IndexError, KeyError):
         return None
+
+
+LOCK_WAIT_S = 30.0  # longest wait for another process's measurement (a stopped one never ends)
+
+
+def _lock(path: Path, wait: float):  # noqa: ANN202
+    """An exclusive lock on `path`, opened without following a symlink, waiting at most `wait`
+    seconds: the open file, or None where it cannot be had (read-only folder, a symlink, held
+    for longer). Systems without flock get the file unlocked."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    except OSError:
+        return None
+    f = os.fdopen(fd, "a")
+    try:
+        import fcntl
+    except ImportError:
+        return f
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return f
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                f.close()
+                return None
+            time.sleep(0.05)
+        except OSError:  # a file system without locks
+            return f
+
+
+def _read_table(path: Path) -> dict:
+    """The cache file's table; {} with one warning when it is unreadable or of the wrong shape."""
+    try:
+        table = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        _warn_once(path, "an unreadable file")
+        return {}
+    if not isinstance(table, dict):
+        _warn_once(path, f"a {type(table).__name__} where a table of curves belongs")
+        return {}
+    return table
+
+
+class _DiskCache:
+    """One curve's place in the cache file. Reading takes no lock; measuring takes a lock of its
+    own key (so a process stopped while measuring blocks nobody measuring something else, and
+    the same key at most LOCK_WAIT_S); writing takes the file's lock for the moment it
+    rewrites the file, and clears temporary files a killed writer left."""
+
+    def __init__(self, model, batch: int, cfg: bool, tag: str) -> None:  # noqa: ANN001
+        self.path = cost_cache_file()
+        self.key = _curve_key(model, batch, cfg, tag)
+
+    @property
+    def where(self) -> str:
+        return "memory only" if self.path is None else str(self.path)
+
+    def read(self) -> dict | None:
+        if self.path is None:
+            return None
+        table = _read_table(self.path)
+        if self.key not in table:
+            return None
+        entry = _entry(table[self.key])
+        if entry is None:
+            _warn_once(self.path, "a malformed curve")
+        return entry
+
+    @contextlib.contextmanager
+    def measuring(self):  # noqa: ANN202
+        """Holds the key's lock (if it can be had) while the caller measures; yields whether it
+        is held (else the caller measures for this process only)."""
+        if self.path is None:
+            yield False
+            return
+        digest = hashlib.sha1(self.key.encode()).hexdigest()[:16]
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            yield False
+            return
+        lock = _lock(self.path.with_name(f"{self.path.stem}.{digest}.lock"), LOCK_WAIT_S)
+        if lock is None:
+            print(f"speculaas: could not lock the cost-curve cache {self.path} (another process "
+                  f"has measured this setting for over {LOCK_WAIT_S:.0f} s, or the folder is "
+                  "read-only); measuring for this process only", file=sys.stderr, flush=True)
+            yield False
+            return
+        with lock:
+            yield True
+
+    def store(self, entry: dict) -> None:
+        lock = _lock(self.path.with_suffix(".lock"), LOCK_WAIT_S)
+        if lock is None:
+            return
+        with lock:
+            table = _read_table(self.path)
+            current = {k: v for k, v in table.items()
+                       if _key_version(k) == _CURVE_VERSION and k != self.key}  # old loops go
+            current[self.key] = {"t": {str(w): t for w, t in entry["t"].items()},
+                                 "spread": {str(w): v for w, v in entry["spread"].items()},
+                                 "ok": entry["ok"], "rounds": entry["rounds"]}
+            for stale in self.path.parent.glob(f".{self.path.name}.*.tmp"):
+                with contextlib.suppress(OSError):
+                    stale.unlink()  # only a writer holding this lock makes them
+            with contextlib.suppress(OSError):
+                write_text(self.path, json.dumps(current, indent=1))
 
 
 def cost_curve(model, batch: int, cfg: bool, tag: str, windows: tuple[int, ...],  # noqa: ANN001
@@ -232,35 +299,48 @@ def cost_curve(model, batch: int, cfg: bool, tag: str, windows: tuple[int, ...],
     cached = _COSTS.setdefault(model, {}).get(key, {})
     if all(w in cached for w in windows):
         return {w: cached[w] for w in windows}
-    with _disk_cache(model, batch, cfg, tag) as (stored, store, where):
-        entry = stored
-        todo = tuple(w for w in windows if entry is None or w not in entry["t"])
-        again = entry is not None and not entry["ok"] and entry["rounds"] < ROUNDS
-        if todo or again:
-            todo = tuple(sorted(set(windows) | set(entry["t"]))) if again else todo
-            print(f"speculaas: timing one decoding iteration at windows {list(todo)} for "
-                  f"{model.name}, batch {batch} (once per machine and setting; cached in "
-                  f"{where})", file=sys.stderr, flush=True)
-            new = summarise(measure(todo))
-            for _ in range(RETRIES):
-                if new["ok"]:
-                    break
-                new = _steadier(new, summarise(measure(todo)))
-            if entry is None:
-                entry = new
-            elif again:  # a provisional curve: keep the steadier of the two measurements
-                best = _steadier(new, entry)
-                entry = {"t": {**new["t"], **best["t"]},
-                         "spread": {**new["spread"], **best["spread"]}, "ok": best["ok"],
-                         "rounds": entry["rounds"] + 1}
-            else:  # windows the stored curve lacks, merged in
-                entry = {"t": {**entry["t"], **new["t"]},
-                         "spread": {**entry["spread"], **new["spread"]},
-                         "ok": entry["ok"] and new["ok"], "rounds": entry["rounds"]}
-            store(entry)
+    disk = _DiskCache(model, batch, cfg, tag)
+
+    def settled(e: dict | None) -> bool:
+        return e is not None and all(w in e["t"] for w in windows) and (
+            e["ok"] or e["rounds"] >= ROUNDS)
+
+    entry = disk.read()  # no lock: a stored curve is used as it is
+    if not settled(entry):
+        with disk.measuring() as held:
+            if held:
+                entry = disk.read()  # what the process we waited for stored
+            if not settled(entry):
+                entry = _measure(model, batch, windows, entry, measure, disk.where)
+                if held:
+                    disk.store(entry)
     known = {**entry["t"], **cached}
     _COSTS[model][key] = known
     return {w: known[w] for w in windows}
+
+
+def _measure(model, batch: int, windows: tuple[int, ...], entry: dict | None,  # noqa: ANN001
+             measure: Callable, where: str) -> dict:
+    """Measure what `entry` (a stored curve or None) lacks, or all of it again if provisional."""
+    again = entry is not None and not entry["ok"]
+    todo = (tuple(sorted(set(windows) | set(entry["t"]))) if again
+            else tuple(w for w in windows if entry is None or w not in entry["t"]))
+    print(f"speculaas: timing one decoding iteration at windows {list(todo)} for {model.name}, "
+          f"batch {batch} (once per machine and setting; cached in {where})",
+          file=sys.stderr, flush=True)
+    new = summarise(measure(todo))
+    for _ in range(RETRIES):
+        if new["ok"]:
+            break
+        new = _steadier(new, summarise(measure(todo)))
+    if entry is None:
+        return new
+    if again:  # a provisional curve: keep the steadier of the two measurements
+        best = _steadier(new, entry)
+        return {"t": {**new["t"], **best["t"]}, "spread": {**new["spread"], **best["spread"]},
+                "ok": best["ok"], "rounds": entry["rounds"] + 1}
+    return {"t": {**entry["t"], **new["t"]}, "spread": {**entry["spread"], **new["spread"]},
+            "ok": entry["ok"] and new["ok"], "rounds": entry["rounds"]}
 
 
 class WindowPolicy:
