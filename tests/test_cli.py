@@ -73,3 +73,13 @@ def test_sjd_and_ar_write_the_same_picture_for_a_seed(tmp_path):
                           "--verify", "ratio", "--window", "16", "--out", str(ratio)],
                    capture_output=True, text=True, check=True)
     assert ratio.read_bytes() != outs["ar"].read_bytes()  # the comparison can tell
+
+
+def test_model_options_that_clash_with_flags_are_refused(tmp_path):
+    for opt, flag in (("path=/tmp", "--weights"), ("dtype=bfloat16", "--dtype")):
+        res = subprocess.run(CLI + ["generate", "--dtype", "float32", "--model-opt", opt,
+                                    "--prompt", "a big red circle on the left over grass",
+                                    "--out", str(tmp_path / "x.png")],
+                             capture_output=True, text=True)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1 and flag in res.stderr

@@ -45,6 +45,11 @@ def _parse_prompt(model_name: str, text: str):  # noqa: ANN202
     return text
 
 
+# Adapter options that have flags of their own (a --model-opt would clash or silently win).
+MODEL_OPT_FLAGS = {"path": "--weights", "weights": "--weights", "name": "--model",
+                   "device": "--device", "dtype": "--dtype"}
+
+
 def _model_options(args: argparse.Namespace) -> dict:
     opts = {"device": args.device}
     if args.dtype:
@@ -53,6 +58,11 @@ def _model_options(args: argparse.Namespace) -> dict:
         key, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"bad --model-opt {item!r}; use KEY=VALUE")
+        if key in MODEL_OPT_FLAGS:
+            raise ValueError(f"--model-opt {key}=... clashes with {MODEL_OPT_FLAGS[key]}; "
+                             f"use that flag")
+        if key in opts:
+            raise ValueError(f"--model-opt {key} given twice")
         if value.isdigit():
             value = int(value)
         elif "," in value and all(v.strip().isdigit() for v in value.split(",")):
@@ -180,6 +190,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
     variants = expand_sweeps([Variant.parse(m) for m in args.methods.split(",") if m.strip()],
                              args.sweep)
+    if not variants:
+        raise ValueError(f"--methods {args.methods!r} names no method; e.g. ar,sjd,csd")
     cfg = BenchConfig(model=args.model, weights=args.weights, device=args.device,
                       prompts=args.prompts, limit=args.limit or None, seeds=args.seeds,
                       variants=variants, window=args.window, out=Path(args.out),

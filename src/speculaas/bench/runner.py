@@ -20,6 +20,10 @@ import torch
 from ..api import METHODS, generate
 
 RESULTS_GLOB = "results.rank*.jsonl"
+# Options a variant may set besides its rule's own: what generate() takes per decode. Others
+# (seed, method, model, prompts, decode_images, profile, progress, max_batch) belong to the run.
+DECODE_OPTIONS = ("window", "draft_init", "coupling", "advance", "row_context", "verify",
+                  "temperature", "top_k", "top_p", "cfg_scale")
 
 
 @dataclass(frozen=True)
@@ -37,15 +41,25 @@ class Variant:
 
     @classmethod
     def parse(cls, spec: str) -> Variant:
-        """"csd" or "csd:delta=0.35:lam=0.5"."""
+        """"csd" or "csd:delta=0.35:lam=0.5"; option names are checked against the method's
+        and generate()'s per-decode options, each given once."""
+        from .. import acceptance
+
         name, *pairs = spec.strip().split(":")
         if name not in METHODS:
             raise ValueError(f"unknown method {name!r} in {spec!r}; valid: {METHODS}")
+        valid = DECODE_OPTIONS + (tuple(acceptance.options(name)) if name != "ar" else ())
         opts = {}
         for pair in pairs:
             key, sep, value = pair.partition("=")
             if not sep:
                 raise ValueError(f"bad option {pair!r} in {spec!r}; use key=value")
+            if key in opts:
+                raise ValueError(f"option {key!r} given twice in {spec!r}")
+            if key not in valid:
+                raise ValueError(f"unknown option {key!r} for {name} in {spec!r} (seed, model, "
+                                 "prompts and the like are the run's); valid: "
+                                 f"{', '.join(valid)}")
             opts[key] = _number(value)
         return cls(name, opts)
 
@@ -177,6 +191,24 @@ def _decode_options(cfg: BenchConfig, v: Variant) -> dict:
     return {"window": cfg.window, **v.options}
 
 
+def _check_variant(model, cfg: BenchConfig, v: Variant) -> None:  # noqa: ANN001
+    """Raise the ValueError generate() would raise for this variant's option values."""
+    from ..api import build_rule, resolve_sampling
+    from ..config import JacobiConfig
+
+    opts = _decode_options(cfg, v)
+    sampling = {k: opts.pop(k) for k in ("temperature", "top_k", "top_p", "cfg_scale")
+                if k in opts}
+    decoding = {k: opts.pop(k) for k in DECODE_OPTIONS if k in opts}
+    try:
+        resolve_sampling(model, **sampling)
+        build_rule(model, v.method, **opts)
+        if v.method != "ar":
+            JacobiConfig(**decoding)
+    except ValueError as e:
+        raise ValueError(f"variant {v.label}: {e}") from None
+
+
 def run(cfg: BenchConfig) -> dict | None:
     """Run (or resume) the benchmark; returns the summary on rank 0, None elsewhere."""
     from accelerate import PartialState
@@ -225,6 +257,8 @@ def _run(cfg: BenchConfig, state) -> dict | None:  # noqa: ANN001
                     + "; ".join(_differences(r["settings"], want))
                     + ". Use a new --out, or the settings of the first run")
             done.add(_key(r["variant"], r["prompt_index"], r["seed"]))
+    for v in cfg.variants:  # every variant's values checked before --out is touched
+        _check_variant(model, cfg, v)
     if not cfg.resume and state.is_main_process:
         for old in cfg.out.glob(RESULTS_GLOB):
             old.unlink()
