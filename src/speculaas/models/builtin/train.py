@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from ...io import atomic_path, write_text
+from ...io import atomic_path, check_writable, write_text
 from ..transformer import Decoder, DecoderConfig
 from . import vq as vqlib
 from .judge import Judge, images_to_tensor, scene_labels
@@ -59,6 +59,49 @@ class TrainConfig:
     checkpoint_every: int = 100
     threads: int = 2
     device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        """Every option checked before any work: one ValueError naming the first bad one."""
+        for name in ("vq_steps", "vq_batch", "judge_steps", "judge_batch", "ar_scenes",
+                     "ar_steps", "ar_batch", "d_model", "n_layers", "n_heads",
+                     "checkpoint_every", "threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
+        for name in ("ar_warmup", "ar_refine_steps", "seed"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
+        for name in ("vq_lr", "ar_lr", "ar_refine_lr"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and 0 < v <= 1):
+                raise ValueError(f"--{_flag(name)} must be a learning rate in (0, 1], got {v}")
+        if not 0 <= self.caption_dropout <= 1:
+            raise ValueError(f"--caption-dropout is a probability in [0, 1], got "
+                             f"{self.caption_dropout}")
+        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"--n-heads {self.n_heads} must divide --d-model {self.d_model} "
+                             "into heads of an even width (rotary embeddings)")
+        try:
+            torch.device(self.device)
+        except RuntimeError:
+            raise ValueError(f"--device {self.device!r} is not a device (cpu, cuda, cuda:N)"
+                             ) from None
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"--device {self.device}: no CUDA device is available here")
+
+
+# Options that change nothing in the result, so a resumed run may change them.
+NOT_SETTINGS = ("threads",)
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _finite(loss: float, stage: str, step: int) -> float:
+    if not math.isfinite(loss):
+        raise ValueError(f"training stage {stage!r} diverged: the loss is {loss} at step "
+                         f"{step + 1}; lower its learning rate")
+    return loss
 
 
 def decoder_config(cfg: TrainConfig, codebook_size: int) -> DecoderConfig:
@@ -99,7 +142,13 @@ def _save_state(path: Path, state: dict) -> None:
 
 
 def _load_state(path: Path) -> dict | None:
-    return torch.load(path, weights_only=True) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch raises several kinds for a torn file
+        raise ValueError(f"the checkpoint {path} is damaged ({type(e).__name__}); delete it "
+                         "to train that stage again") from None
 
 
 def _cpu(module: torch.nn.Module) -> dict:
@@ -125,8 +174,13 @@ class _Stage:
     def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Load the last checkpoint's weights and optimiser state, if there is one."""
         if self.step:
-            model.load_state_dict(self.state["model"])
-            optimizer.load_state_dict(self.state["optimizer"])
+            try:
+                model.load_state_dict(self.state["model"])
+                optimizer.load_state_dict(self.state["optimizer"])
+            except (RuntimeError, KeyError, ValueError) as e:
+                raise ValueError(f"the checkpoint {self.path} does not fit these settings "
+                                 f"({str(e).splitlines()[0][:120]}); resume with the options of "
+                                 "the run that wrote it, or use a new --out") from None
 
     def checkpoint(self, step: int, every: int, **parts) -> None:  # noqa: ANN003
         """After `step` (0-based): save every `every` steps and at the end."""
@@ -176,6 +230,7 @@ def train_vq(cfg: TrainConfig, out: Path, log: dict) -> torch.nn.Module:
                 if len(dead):
                     _vq_restart_dead(vq, x, dead)
                 usage.zero_()
+            _finite(rec.item() + vql.item(), stage.name, step)
             bar.set_postfix(rec=f"{rec.item():.4f}", vq=f"{vql.item():.4f}")
             stage.checkpoint(step, cfg.checkpoint_every, model=_cpu(vq),
                              optimizer=opt.state_dict(), usage=usage.cpu(),
@@ -203,7 +258,7 @@ def train_judge(cfg: TrainConfig, out: Path, log: dict) -> Judge:
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+            bar.set_postfix(loss=f"{_finite(loss.item(), stage.name, step):.3f}")
             stage.checkpoint(step, cfg.checkpoint_every, model=_cpu(judge),
                              optimizer=opt.state_dict(), loss=loss.item())
     log["judge_final_loss"] = stage.state["loss"]
@@ -274,7 +329,7 @@ def _fit_ar(model: Decoder, cfg: TrainConfig, data: torch.Tensor, stage: _Stage,
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        bar.set_postfix(loss=f"{loss.item():.3f}")
+        bar.set_postfix(loss=f"{_finite(loss.item(), stage.name, step):.3f}")
         stage.checkpoint(step, cfg.checkpoint_every, model=_cpu(model),
                          optimizer=opt.state_dict(), generator=gen.get_state(),
                          loss=loss.item())
@@ -304,16 +359,48 @@ def train_ar(cfg: TrainConfig, data: torch.Tensor, out: Path, log: dict) -> Deco
     return model.eval()
 
 
+def _check_out(out: Path) -> None:
+    if str(out).strip() in ("", "."):
+        raise ValueError("--out must name a folder for the run (not empty or '.')")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; name a folder")
+    try:
+        (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+        check_writable(out / "checkpoints" / "config.json")
+    except OSError as e:
+        raise ValueError(f"--out {out} is not writable ({e.strerror or e})") from None
+
+
+def _check_resume(cfg: TrainConfig, config_path: Path) -> None:
+    """A folder with checkpoints resumes only with the settings that wrote them."""
+    if not config_path.is_file():
+        if any(config_path.parent.glob("*.pt")):
+            print(f"speculaas train: {config_path} is missing; the checkpoints beside it are "
+                  "checked against these options as they load", flush=True)
+        return
+    try:
+        stored = json.loads(config_path.read_text())
+        if not isinstance(stored, dict):
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"{config_path} is damaged (not the JSON of a run's options); delete "
+                         "it only if the checkpoints beside it came from these options, or use "
+                         "a new --out") from None
+    mine = asdict(cfg)
+    diff = [f"{_flag(k)} {stored.get(k)!r} -> {mine.get(k)!r}"
+            for k in sorted(set(stored) | set(mine))
+            if k not in NOT_SETTINGS and stored.get(k) != mine.get(k)]
+    if diff:
+        raise ValueError(f"{config_path.parent.parent} holds checkpoints of a run with other "
+                         f"settings ({'; '.join(diff)}); use a new --out or the same options")
+
+
 def train(cfg: TrainConfig, out: Path) -> Path:
-    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {cfg.device}: no CUDA device is available here")
+    _check_out(out)
     torch.set_num_threads(cfg.threads)
-    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
     config_path = out / "checkpoints" / "config.json"
-    if config_path.is_file() and json.loads(config_path.read_text()) != asdict(cfg):
-        raise ValueError(f"{out} holds checkpoints of a run with other settings "
-                         f"({config_path}); use a new --out or the same options")
-    config_path.write_text(json.dumps(asdict(cfg), indent=2))
+    _check_resume(cfg, config_path)
+    write_text(config_path, json.dumps(asdict(cfg), indent=2))
     log: dict = {}
     revision = _git_revision()  # of the code that trains, not of whatever HEAD is at the end
     t0 = time.time()
@@ -343,15 +430,23 @@ def train(cfg: TrainConfig, out: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="speculaas train", description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", required=True, help="folder of the run (checkpoints, weights)")
     for name, field in TrainConfig.__dataclass_fields__.items():
         parser.add_argument(
             f"--{name.replace('_', '-')}", type=type(field.default), default=field.default
         )
     args = parser.parse_args(argv)
+    if not args.out.strip():
+        raise ValueError("--out must name a folder for the run (not empty or '.')")
     cfg = TrainConfig(**{k: getattr(args, k) for k in TrainConfig.__dataclass_fields__})
-    print(train(cfg, args.out))
+    print(train(cfg, Path(args.out)))
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    try:
+        main()
+    except ValueError as e:
+        print(f"speculaas train: error: {e}", file=sys.stderr)
+        sys.exit(2)
