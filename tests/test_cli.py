@@ -83,3 +83,20 @@ def test_model_options_that_clash_with_flags_are_refused(tmp_path):
                              capture_output=True, text=True)
         assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
         assert len(res.stderr.strip().splitlines()) == 1 and flag in res.stderr
+
+
+def test_help_shows_each_methods_real_defaults():
+    import dataclasses
+
+    from speculaas import acceptance
+    from speculaas.config import RULE_DEFAULTS
+
+    for method, opts in RULE_DEFAULTS.items():
+        cls = acceptance.RULES[method]
+        real = {f.name: f.default for f in dataclasses.fields(cls)
+                if f.name in acceptance.options(method)}
+        assert real == opts, method
+    res = subprocess.run(CLI + ["generate", "--help"], capture_output=True, text=True, check=True)
+    text = " ".join(res.stdout.split())
+    assert "option of csd (default 0.65), lantern (default 0.1)" in text
+    assert "(default: None)" not in text

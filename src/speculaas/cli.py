@@ -12,11 +12,19 @@ from .config import (
     DRAFT_INITS,
     METHODS,
     MODEL_NAMES,
+    RULE_DEFAULTS,
     VERIFY_MODES,
 )
 
 MAX_IMAGES = 10_000  # per CLI call; larger jobs belong in `speculaas bench` or a script
-HELP = argparse.ArgumentDefaultsHelpFormatter
+
+
+class HELP(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a flag's default, except None (whose meaning the help text says itself)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        return action.help if action.default is None else super()._get_help_string(action)
+
 
 RULE_FLAGS = {  # flag -> option name of the acceptance rules
     "lam": float, "delta": float, "filter": str, "group_size": int, "prob_threshold": float,
@@ -138,8 +146,10 @@ def add_decoding_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cfg-scale", type=float, default=None,
                    help="None: the model's default; 1 switches CFG off")
     for name, typ in RULE_FLAGS.items():
+        users = [f"{m} (default {opts[name]})" for m, opts in RULE_DEFAULTS.items()
+                 if name in opts]
         p.add_argument(f"--{name.replace('_', '-')}", type=typ, default=None,
-                       help=f"option {name} of the chosen method (None: the method's default)")
+                       help=f"option of {', '.join(users)}")
 
 
 def cmd_generate(args: argparse.Namespace) -> None:

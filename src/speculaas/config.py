@@ -22,6 +22,15 @@ VERIFY_MODES = ("gumbel", "ratio")
 # Beyond these, logits / temperature or guided logits overflow float32 into NaN probabilities.
 TEMPERATURE_RANGE = (1e-2, 1e2)
 CFG_RANGE = (0.0, 100.0)
+# Each relaxed rule's options and defaults (acceptance/*.py; checked against the rule classes
+# in the tests), so that the CLI's help shows them without importing torch.
+RULE_DEFAULTS = {
+    "csd": {"lam": 0.5, "delta": 0.65, "filter": "tv"},
+    "gsd": {"group_size": 15, "prob_threshold": 0.15, "dist_threshold": 0.5},
+    "lantern": {"k": 100, "delta": 0.1},
+    "amplify": {"k": 1.3},
+    "addition": {"eps": 0.1},
+}
 MAX_WINDOW = 256
 DEFAULT_WINDOW = "auto"  # raster order: the compute-aware window
 ROW_WINDOW = 16  # each row of the two-dimensional window
