@@ -15,12 +15,12 @@ import torch
 
 from ..acceptance.functional import entropy
 from ..sampling import exponential_noise, image_keys
+from .result import DecodeResult
 
 # Under this size a decode computes its images' noise of every position once (a table) instead
 # of hashing each window's positions every iteration (a position sits in several windows before
 # it commits). Either way the values are the same; only the memory and the time differ.
 NOISE_TABLE_BYTES = 256 * 2**20
-from .result import DecodeResult
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,8 @@ class DecodeState:
     absorbs writes); a draft's law is the distribution it was drawn from. forward_passes [B],
     accept_hist [B, W] (iterations that accepted 0 .. W - 1 drafts), window_hist [B, W + 1]
     (forwards that ran each image with each window). memory:
-    per-image tensors of the other parts (a drafter's ring of targets, the Gumbel keys, which
-    keys the cache holds in two-dimensional order), each [B, ...], named by their owner.
+    per-image tensors of the other parts (a drafter's ring of targets, which keys the cache
+    holds in two-dimensional order), each [B, ...], named by their owner.
     generators: one random stream per image.
     """
 
