@@ -13,6 +13,7 @@ from .checks import is_integer
 from .config import DEFAULT_COUPLING, DEFAULT_DRAFT_INIT, METHODS, JacobiConfig, SamplingConfig
 from .decoding import DecodeResult, autoregressive_decode, decode
 from .decoding.frontier_rows import check_row_context
+from .decoding.tree import check_tree
 from .decoding.window import WindowPolicy
 from .models.base import ImageModel
 
@@ -103,7 +104,8 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
              cfg_scale: float | None = None,
              draft_init: str = DEFAULT_DRAFT_INIT, coupling: str = DEFAULT_COUPLING,
              advance: str = "per_image", row_context: int | None = None,
-             verify: str = "gumbel", progress=False, max_batch: int = 32,
+             verify: str = "gumbel", tree: tuple[int, int] | str | None = None,
+             progress=False, max_batch: int = 32,
              decode_images: bool = True, profile: bool = False, **options) -> GenerationOutput:
     """Generate one image per prompt with `method` (see METHODS); method options by name
     (csd: lam, delta, filter; gsd: group_size, prob_threshold, dist_threshold; lantern: k,
@@ -116,7 +118,11 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
     tokens as method "ar" for the same seed, at any window or batch); "ratio": the classic
     min(1, target/draft) test (JacobiConfig).
     row_context=c: the two-dimensional window (several rows in flight; not lossless), for
-    models whose adapters take a row-causal mask (builtin, tiny, llamagen)."""
+    models whose adapters take a row-causal mask (builtin, tiny, llamagen).
+    tree=(K, D): K candidate tokens at each of the first D positions of every window, verified
+    in the same forward under a tree attention mask (decoding/tree.py); `window` is then the
+    width budget per image and forward, the tree's slots included (default 64). Same models as
+    row_context; every rule keeps its law."""
     if not isinstance(prompts, (list, tuple)):
         prompts = [prompts]
     if len(prompts) == 0:
@@ -129,8 +135,10 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
     policy = window if isinstance(window, WindowPolicy) else None
     jacobi = JacobiConfig(window=policy.max_window if policy else window, draft_init=draft_init,
                           coupling=coupling, advance=advance, row_context=row_context,
-                          verify=verify)
+                          verify=verify, tree=tree)
     check_row_context(model, jacobi, speculative=rule is not None, policy=policy)
+    if jacobi.tree is not None and rule is not None:
+        check_tree(jacobi.tree, model, jacobi.window)
     gens = generators_for(model, seed, len(prompts))
     bar = None
     if hasattr(progress, "update"):  # the caller's own progress object (update(n), close())
@@ -172,6 +180,7 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
         options={"window": jacobi.window, "draft_init": draft_init, "coupling": coupling,
                  "verify": verify,
                  **({"row_context": row_context} if row_context is not None else {}),
+                 **({"tree": jacobi.tree} if jacobi.tree is not None else {}),
                  **options, **vars(sampling)},
         sequence=res.tokens.cpu(),
         mean_window=res.mean_window.cpu(), calibration_s=res.calibration_s,

@@ -139,6 +139,11 @@ def add_decoding_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--row-context", type=int, default=None, metavar="C",
                    help="two-dimensional window: a row starts once the row above has C "
                         "committed tokens (not lossless; None: raster order)")
+    p.add_argument("--tree", default=None, metavar="K,D[,N]",
+                   help="candidate tree at the head of every window: K candidates at each of up "
+                        "to D positions, N off-chain nodes (default: the full tree, at most half "
+                        "the window); the window is then the width budget. With --window auto "
+                        "the tree runs only where the measured cost curve says it pays")
     p.add_argument("--temperature", type=float, default=None, help="None: the model's default")
     p.add_argument("--top-k", type=int, default=None,
                    help="None: the model's default; 0 switches top-k off")
@@ -164,7 +169,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                       cfg_scale=args.cfg_scale, draft_init=args.draft_init,
                       coupling=args.coupling, row_context=args.row_context, progress=True,
-                      verify=args.verify,
+                      verify=args.verify, tree=args.tree,
                       **_rule_options(args))
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -71,6 +71,41 @@ class SamplingConfig:
         return self.cfg_scale is not None and self.cfg_scale != 1.0
 
 
+# Most off-chain tree nodes one forward may hold per image (models/base.SCRATCH_SLOTS).
+MAX_TREE_NODES = 128
+
+
+def tree_nodes(k: int, d: int) -> int:
+    """Nodes of a full K-ary tree of depth D below its root (its chain of D included)."""
+    return sum(k**i for i in range(1, d + 1))
+
+
+def parse_tree(tree: object) -> tuple[int, int, int | None]:
+    """(K, D) or (K, D, N) as a tuple, a list, "K,D[,N]" or "KxD[xN]": K >= 2 candidates at each
+    of up to D >= 1 positions, N >= 1 off-chain nodes (None: the full tree, at most half the
+    window; decoding/tree.py) -> (K, D, N)."""
+    text = tree
+    if isinstance(tree, str):
+        parts = tree.lower().replace("x", ",").split(",")
+        try:
+            tree = tuple(int(p) for p in parts)
+        except ValueError:
+            raise ValueError(f"tree must be K,D or K,D,N (or KxD, KxDxN), e.g. 4,6; got "
+                             f"{text!r}") from None
+    if (not isinstance(tree, (tuple, list)) or len(tree) not in (2, 3)
+            or not all(v is None or is_integer(v) for v in tree)
+            or any(v is None for v in tree[:2])):
+        raise ValueError("tree must be (K, D) or (K, D, N): K candidates at each of up to D "
+                         f"positions, N off-chain nodes; got {text!r}")
+    k, d = int(tree[0]), int(tree[1])
+    n = None if len(tree) == 2 or tree[2] is None else int(tree[2])
+    if k < 2 or d < 1:
+        raise ValueError(f"tree needs K >= 2 candidates and depth D >= 1, got K={k}, D={d}")
+    if n is not None and not 1 <= n <= MAX_TREE_NODES:
+        raise ValueError(f"tree needs 1 <= N <= {MAX_TREE_NODES} off-chain nodes, got N={n}")
+    return k, d, n
+
+
 @dataclass(frozen=True)
 class JacobiConfig:
     """The speculative Jacobi loop.
@@ -106,6 +141,11 @@ class JacobiConfig:
         row r + 1 starts drafting once row r has c committed tokens, each active row with a
         window of its own behind the row above. Not lossless for any rule; c = a full row is
         one-dimensional Jacobi decoding.
+    tree: None (a chain) or (K, D) or (K, D, N): a candidate tree at the head of every raster
+        window, K candidates at each of up to D positions, N off-chain nodes (None: the full
+        K-ary tree, pruned to half the window); decoding/tree.py. `window` is then the width
+        budget, the tree's slots included. Keeps each rule's law (sjd stays identical to ar for
+        the same seed).
     """
 
     window: int | str | None = None
@@ -114,8 +154,16 @@ class JacobiConfig:
     advance: str = "per_image"
     row_context: int | None = None
     verify: str = "gumbel"
+    tree: tuple[int, int, int | None] | None = None
 
     def __post_init__(self) -> None:
+        if self.tree is not None:
+            object.__setattr__(self, "tree", parse_tree(self.tree))
+            if self.row_context is not None:
+                raise ValueError("tree and row_context cannot be combined: trees grow at the "
+                                 "head of a raster window")
+            if self.advance != "per_image":
+                raise ValueError("a tree needs advance='per_image'")
         if self.window is None:
             object.__setattr__(self, "window",
                                DEFAULT_WINDOW if self.row_context is None else ROW_WINDOW)

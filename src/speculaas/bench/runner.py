@@ -23,7 +23,7 @@ RESULTS_GLOB = "results.rank*.jsonl"
 # Options a variant may set besides its rule's own: what generate() takes per decode. Others
 # (seed, method, model, prompts, decode_images, profile, progress, max_batch) belong to the run.
 DECODE_OPTIONS = ("window", "draft_init", "coupling", "advance", "row_context", "verify",
-                  "temperature", "top_k", "top_p", "cfg_scale")
+                  "tree", "temperature", "top_k", "top_p", "cfg_scale")
 
 
 @dataclass(frozen=True)

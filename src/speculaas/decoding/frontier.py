@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from ..models.base import ImageModel, Session
-from .state import DecodeState
-from .verify import Commit, Verdict
+from .state import DecodeState, Uniforms
+from .verify import Commit, Verdict, Window
 from .window import WindowPolicy
 
 
@@ -75,6 +75,17 @@ class Frontier(ABC):
     def limit(self, plan: Plan, verdict: Verdict) -> torch.Tensor | None:
         """Last committed slot per segment if the order overrides settle()'s default."""
         return None
+
+    def propose(self, drafts: torch.Tensor, laws: torch.Tensor,  # noqa: B027 - optional hook
+                noise: torch.Tensor | None) -> None:
+        """Before the forward: the drafts [G, K], their laws and the noise (if any) of the
+        plan's segments, for an order that adds candidates of its own (tree.py)."""
+
+    def extend(self, window: Window, verdict: Verdict, commit: Commit,
+               uniforms: Uniforms) -> tuple[Commit, torch.Tensor]:
+        """After settle(): an order that verified more than the chain may commit more (tree.py).
+        -> the commit and the targets [G, L, V] that decided each slot."""
+        return commit, window.target_probs
 
     @abstractmethod
     def observe(self, state: DecodeState, plan: Plan, verdict: Verdict, commit: Commit) -> None:

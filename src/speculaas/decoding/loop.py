@@ -34,8 +34,9 @@ from .frontier import Frontier, Raster
 from .frontier_rows import Rows
 from .result import DecodeResult
 from .state import DecodeState, Uniforms
+from .tree import Tree, tree_width
 from .verify import Window, settle, verify
-from .window import WindowPolicy, cost_curve, make_policy
+from .window import AutoWindow, WindowPolicy, cost_curve, make_policy
 
 
 class Loop:
@@ -108,6 +109,7 @@ class Loop:
             d = torch.where(forced >= 0, forced, d)
             dp = torch.where((forced >= 0)[..., None], _onehot(forced, dp), dp)
 
+        f.propose(d, dp, noise)
         cond, uncond = f.forward(self.session, plan, s, d)
         q = target_probs(cond, uncond, self.sampling, self.model.layout.structural, check=False)
         self.finite, self.logits = torch.isfinite(q.sum(-1)).all(), (cond, uncond)
@@ -116,7 +118,7 @@ class Loop:
 
         w = Window(plan.img, plan.pos, d, dp, q, plan.outputs, forced, plan.ragged, noise)
         v = verify(self.rule, self.coupling, w, u, s.memory, self.profile, self.gumbel)
-        c = settle(w, v, plan.takes_extra, f.limit(plan, v))
+        c, q = f.extend(w, v, settle(w, v, plan.takes_extra, f.limit(plan, v)), u)
         self.init.committed(s.memory, plan.img, plan.pos, c.keep, q)
         s.commit(plan.img, plan.pos, c.keep, c.tokens, c.drafted, q)
         s.keep_drafts(plan.img, plan.pos, c.tail, c.tokens, c.laws)
@@ -147,17 +149,25 @@ def decode(model: ImageModel, session: Session, rule: AcceptanceRule, sampling: 
         frontier: Frontier = Rows(model, int(jacobi.window), int(jacobi.row_context))
     else:
         policy = make_policy(jacobi.window) if policy is None else policy
-        frontier = Raster(model, policy, batch_min=jacobi.advance == "batch_min")
-    loop = Loop(model, session, rule, sampling, jacobi, frontier, generators, progress, profile)
-
     spent = 0.0
 
-    def measure(windows: tuple[int, ...]) -> dict[int, float]:
+    def measure(windows: tuple[int, ...], tree: tuple | None = None) -> dict[int, float]:
         nonlocal spent
         t0 = time.perf_counter()
-        curve = measure_cost_curve(model, session, sampling, windows, rule, jacobi)
+        curve = measure_cost_curve(model, session, sampling, windows, rule, jacobi, tree=tree)
         spent += time.perf_counter() - t0
         return curve
+
+    if jacobi.row_context is None:
+        if jacobi.tree is not None and isinstance(policy, AutoWindow):
+            width = tree_width(policy, jacobi.tree, session.batch_size, rule.exact, measure)
+            policy = policy if width is None else WindowPolicy(width)
+        if jacobi.tree is not None and not isinstance(policy, AutoWindow):
+            frontier = Tree(model, policy, jacobi.tree, rule, sampling,
+                            gumbel=jacobi.verify == "gumbel" and rule.exact)
+        else:
+            frontier = Raster(model, policy, batch_min=jacobi.advance == "batch_min")
+    loop = Loop(model, session, rule, sampling, jacobi, frontier, generators, progress, profile)
 
     frontier.begin(model, session, loop.state, sampling.uses_cfg, rule.exact, measure)
     if isinstance(frontier, Raster) and frontier.policy.plain_ar():
@@ -176,7 +186,8 @@ def decode(model: ImageModel, session: Session, rule: AcceptanceRule, sampling: 
 def measure_cost_curve(model: ImageModel, session: Session, sampling: SamplingConfig,
                        windows: tuple[int, ...], rule: AcceptanceRule | None = None,
                        jacobi: JacobiConfig | None = None, sweeps: int = 4,
-                       warm: int = 2, timed: int = 2) -> dict[int, float]:
+                       warm: int = 2, timed: int = 2,
+                       tree: tuple[int, int, int | None] | None = None) -> dict[int, float]:
     """Median wall time of one iteration of this loop at each window size for this batch, in
     seconds; window 0 is one step of plain AR decoding. What is timed is step() itself, with
     the decode's rule and drafter, from a state half-way through the images (no drafts waiting:
@@ -188,6 +199,7 @@ def measure_cost_curve(model: ImageModel, session: Session, sampling: SamplingCo
     step varies by 20 % from one second to the next, and AR and speculation are compared by
     ratio. Runs on the decode's own session: what a window writes past a committed prefix never
     influences later results (the Session contract), so the measurement leaves no trace.
+    tree: time a step with this candidate tree (tree.py) at each window instead of a chain.
     Cached (window.cost_curve)."""
     rule = get_rule("sjd") if rule is None else rule
     jacobi = JacobiConfig(window=max(windows)) if jacobi is None else jacobi
@@ -197,8 +209,14 @@ def measure_cost_curve(model: ImageModel, session: Session, sampling: SamplingCo
         start = max(0, min(length // 2, length - max(todo)))
         gens = [torch.Generator(device=dev).manual_seed(i) for i in range(batch)]
         ar = AutoregressiveLoop(model, session, sampling, gens)
-        loops = {w: Loop(model, session, rule, sampling, jacobi, Raster(model, WindowPolicy(w)),
-                         gens) for w in todo if w}
+        def frontier(w: int) -> Frontier:
+            if tree is None:
+                return Raster(model, WindowPolicy(w))
+            return Tree(model, WindowPolicy(w), tree, rule, sampling,
+                        gumbel=jacobi.verify == "gumbel" and rule.exact)
+
+        loops = {w: Loop(model, session, rule, sampling, jacobi, frontier(w), gens)
+                 for w in todo if w}
         times: dict[int, list[float]] = {w: [] for w in todo}
         table = None
         for _ in range(sweeps):
@@ -222,7 +240,8 @@ def measure_cost_curve(model: ImageModel, session: Session, sampling: SamplingCo
     verify = "gumbel" if rule.exact and jacobi.verify == "gumbel" else "ratio"
     tag = (f"{rule.name}/{jacobi.draft_init}/{jacobi.coupling}/{verify}/"
            f"top_k={sampling.top_k is not None}/top_p={sampling.top_p is not None}/"
-           f"context<={1 << max(context - 1, 0).bit_length()}")
+           f"context<={1 << max(context - 1, 0).bit_length()}"
+           + ("" if tree is None else f"/tree={tree[0]},{tree[1]},{tree[2]}"))
     with torch.inference_mode():
         return cost_curve(model, batch, sampling.uses_cfg, tag, windows, time_all)
 

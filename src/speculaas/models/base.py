@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..config import SamplingConfig
+from ..config import MAX_TREE_NODES, SamplingConfig
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ class Session(ABC):
 
     def forward_packed(self, inputs: torch.Tensor, pos: torch.Tensor, images: torch.Tensor,
                        visible: torch.Tensor, window_mask: torch.Tensor, store: torch.Tensor,
-                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       scratch: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Feed several segments per image in one forward (the two-dimensional window).
 
         inputs, pos, store [b, S]: slot s feeds token inputs[:, s] at generated position
@@ -119,9 +119,19 @@ class Session(ABC):
         distribution of generated position pos + 1. visible [b, S, T]: which generated
         positions -1 .. T-2 of the cache each slot attends to (nothing follows T-1); window_mask [b, S, S]: which
         slots of this window it attends to. Slots with `store` keep their keys in the cache at
-        their position; the others leave no trace. Adapters whose models cannot take such a
-        mask leave this unimplemented (ImageModel.packed_forward is False).
+        their position; the others leave no trace. scratch: 0 when at most one slot per image
+        is neither stored nor padding (a stand-in anchor); n > 0 when up to n are (the branches
+        of a candidate tree): the i-th unstored slot of a row keeps its keys in scratch column i
+        until the next call, for `keep_scratch`. Adapters whose models cannot take such a mask
+        leave this unimplemented (ImageModel.packed_forward is False).
         """
+        raise NotImplementedError(f"{type(self).__name__} has no packed forward")
+
+    def keep_scratch(self, images: torch.Tensor, scratch: torch.Tensor,
+                     pos: torch.Tensor) -> None:
+        """After a packed forward with scratch columns: copy the keys of scratch column
+        scratch[:, j] of images [b] into the cache at generated position pos[:, j] (a branch of
+        the tree was committed there); -1 entries copy nothing."""
         raise NotImplementedError(f"{type(self).__name__} has no packed forward")
 
 
@@ -131,7 +141,8 @@ class ImageModel(ABC):
     layout: Layout
     defaults: SamplingConfig
     device: torch.device = torch.device("cpu")
-    # Whether sessions implement `forward_packed` (needed by row_context, the 2-D window).
+    # Whether sessions implement `forward_packed` and `keep_scratch` (needed by row_context, the
+    # 2-D window, and by candidate trees).
     packed_forward: bool = False
 
     @property
@@ -173,7 +184,7 @@ class PrefixDecoderSession(Session):
         ids = prefix if null_prefix is None else torch.cat([prefix, null_prefix])
         self.prompt_len = ids.shape[1]
         self.token_offset = token_offset
-        self.cache = decoder.new_cache(ids.shape[0])
+        self.cache = decoder.new_cache(ids.shape[0], SCRATCH_SLOTS)
         self.last_prompt = ids[:, -1]
         device = ids.device
         self.all_rows = torch.arange(ids.shape[0], device=device)
@@ -206,10 +217,12 @@ class PrefixDecoderSession(Session):
         return logits, None
 
     @torch.inference_mode()
-    def forward_packed(self, inputs, pos, images, visible, window_mask, store):  # noqa: ANN001, ANN201
+    def forward_packed(self, inputs, pos, images, visible, window_mask, store, scratch=0):  # noqa: ANN001, ANN201, E501
         rows = torch.cat([images, images + self.batch_size]) if self.cfg else images
         prompt = visible.new_ones(len(images), self.prompt_len - 1)
-        mask, write = packed_layout(self.prompt_len, prompt, pos, visible, window_mask, store)
+        mask, write = packed_layout(self.prompt_len, prompt, pos, visible, window_mask, store,
+                                    scratch)
+        self.scratch_at = self.prompt_len + visible.shape[-1] + 2
         ids = inputs + self.token_offset
         ids = torch.where(pos == -1, self.last_prompt[images][:, None], ids)
         cache_pos = self.prompt_len + pos  # generated position -1 is the last prompt token
@@ -224,10 +237,36 @@ class PrefixDecoderSession(Session):
             return cond, uncond
         return logits, None
 
+    @torch.inference_mode()
+    def keep_scratch(self, images, scratch, pos):  # noqa: ANN001, ANN201
+        copy_scratch((self.cache.k, self.cache.v), self.batch_size if self.cfg else 0, images,
+                     scratch, pos, self.scratch_at, self.prompt_len)
+
+
+# Scratch columns a cache keeps after its two spare ones: the most unstored slots (branches of a
+# candidate tree) one packed forward may hold per image.
+SCRATCH_SLOTS = MAX_TREE_NODES
+
+
+def copy_scratch(caches: tuple[torch.Tensor, ...], uncond_offset: int, images: torch.Tensor,
+                 scratch: torch.Tensor, pos: torch.Tensor, scratch_at: int, base: int) -> None:
+    """Session.keep_scratch for caches laid out [layers, rows, heads, columns, head_dim], whose
+    scratch column i sits at scratch_at + i and generated position g at base + g (rows
+    images + uncond_offset too, when uncond_offset > 0: the unconditional half)."""
+    rows = images if not uncond_offset else torch.cat([images, images + uncond_offset])
+    if uncond_offset:
+        scratch, pos = torch.cat([scratch, scratch]), torch.cat([pos, pos])
+    used = scratch >= 0
+    src = torch.where(used, scratch_at + scratch, scratch_at - 1)  # unused: dump onto dump
+    dst = torch.where(used, base + pos, scratch_at - 1)
+    r = rows[:, None].expand_as(src)
+    for c in caches:
+        c[:, r, :, dst] = c[:, r, :, src]
+
 
 def packed_layout(base: int, prompt_visible: torch.Tensor, pos: torch.Tensor,
                   visible: torch.Tensor, window_mask: torch.Tensor,
-                  store: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                  store: torch.Tensor, scratch: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Cache columns and attention mask of a packed window (Session.forward_packed).
 
     A session whose generated position g sits at cache column base + g (so the prompt fills
@@ -235,14 +274,23 @@ def packed_layout(base: int, prompt_visible: torch.Tensor, pos: torch.Tensor,
     image: base + T takes the key of a slot that must leave no trace (a stand-in anchor; at
     most one per image and call), base + T + 1 the padding (slots that do not see themselves).
     Keys are written before attention, in position order, so a window of one segment computes
-    exactly what the raster forward computes. prompt_visible [b, base - 1]; the rest as in
-    forward_packed. Returns mask [b, S, base + T + 2] and write columns [b, S].
+    exactly what the raster forward computes. With scratch = n > 0, the i-th unstored slot of a
+    row (padding not counted) writes to column base + T + 2 + i instead, so that
+    many slots can leave no trace and still be seen by others (SCRATCH_SLOTS columns at most).
+    prompt_visible [b, base - 1]; the rest as in forward_packed. Returns mask
+    [b, S, base + T + 2 + scratch] and write columns [b, S].
     """
     b, n_slots, length = visible.shape
     stand_in, dump = base + length, base + length + 1
+    if scratch > SCRATCH_SLOTS:
+        raise ValueError(f"a packed window may keep {SCRATCH_SLOTS} unstored slots per image, "
+                         f"not {scratch}")
     pad = ~window_mask.diagonal(dim1=1, dim2=2)
+    if scratch:
+        rank = (~store & ~pad).long().cumsum(1) - 1
+        stand_in = dump + 1 + rank.clamp(0, scratch - 1)
     write = torch.where(store, base + pos, torch.where(pad, dump, stand_in))
-    mask = visible.new_zeros(b, n_slots, base + length + 2)
+    mask = visible.new_zeros(b, n_slots, base + length + 2 + scratch)
     mask[..., : base - 1] = prompt_visible[:, None]
     mask[..., base - 1 : base - 1 + length] = visible
     own = torch.zeros_like(mask).scatter_(2, write[:, None, :].expand(-1, n_slots, -1),

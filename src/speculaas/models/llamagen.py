@@ -28,7 +28,16 @@ from PIL import Image
 from torch import nn
 
 from ..config import SamplingConfig
-from .base import ImageModel, Layout, Session, packed_layout, resolve_dtype, to_images
+from .base import (
+    SCRATCH_SLOTS,
+    ImageModel,
+    Layout,
+    Session,
+    copy_scratch,
+    packed_layout,
+    resolve_dtype,
+    to_images,
+)
 
 # (dim, n_layer) -> n_head of LlamaGen's published GPT sizes.
 N_HEADS = {
@@ -250,12 +259,14 @@ class LlamaGenGPT(nn.Module):
         att = self.layers[0].attention
         p = self.tok_embeddings.weight
         # Two spare columns after the image: raster windows park their overhang on the first;
-        # packed windows put a stand-in anchor there and their padding on the second.
-        shape = (self.n_layer, rows, att.n_kv_head, self.max_len + 2, att.head_dim)
+        # packed windows put a stand-in anchor there and their padding on the second; then the
+        # scratch of a candidate tree's branches (base.SCRATCH_SLOTS).
+        shape = (self.n_layer, rows, att.n_kv_head, self.max_len + 2 + SCRATCH_SLOTS,
+                 att.head_dim)
         return {
             "k": torch.zeros(shape, dtype=p.dtype, device=p.device),
             "v": torch.zeros(shape, dtype=p.dtype, device=p.device),
-            "valid": torch.ones(rows, self.max_len + 2, dtype=torch.bool, device=p.device),
+            "valid": torch.ones(rows, shape[3], dtype=torch.bool, device=p.device),
         }
 
 
@@ -538,10 +549,12 @@ class _LlamaGenSession(Session):
         return logits, None
 
     @torch.inference_mode()
-    def forward_packed(self, inputs, pos, images, visible, window_mask, store):  # noqa: ANN001, ANN201
+    def forward_packed(self, inputs, pos, images, visible, window_mask, store, scratch=0):  # noqa: ANN001, ANN201, E501
         rows = torch.cat([images, images + self.batch_size]) if self.cfg else images
         prompt = self.cache["valid"][images, : self.prefix - 1]
-        mask, write = packed_layout(self.prefix, prompt, pos, visible, window_mask, store)
+        mask, write = packed_layout(self.prefix, prompt, pos, visible, window_mask, store,
+                                    scratch)
+        self.scratch_at = self.prefix + visible.shape[-1] + 2
         x = self.gpt.tok_embeddings(inputs)
         x = torch.where((pos == -1)[..., None], self.last[images].to(x.dtype), x)
         cache_pos = self.prefix + pos  # generated position -1 is the last condition token
@@ -550,7 +563,8 @@ class _LlamaGenSession(Session):
                                self.last[images + self.batch_size].to(x.dtype), x)
             x = torch.cat([x, null])
             prompt = self.cache["valid"][images + self.batch_size, : self.prefix - 1]
-            null_mask, _ = packed_layout(self.prefix, prompt, pos, visible, window_mask, store)
+            null_mask, _ = packed_layout(self.prefix, prompt, pos, visible, window_mask, store,
+                                         scratch)
             mask, cache_pos, write = torch.cat([mask, null_mask]), *(
                 torch.cat([t, t]) for t in (cache_pos, write))
         logits = self.gpt.forward_cached(x, cache_pos, self.cache, rows, (mask, write))
@@ -558,6 +572,12 @@ class _LlamaGenSession(Session):
             cond, uncond = logits.chunk(2)
             return cond, uncond
         return logits, None
+
+
+    @torch.inference_mode()
+    def keep_scratch(self, images, scratch, pos):  # noqa: ANN001, ANN201
+        copy_scratch((self.cache["k"], self.cache["v"]), self.batch_size if self.cfg else 0,
+                     images, scratch, pos, self.scratch_at, self.prefix)
 
 
 def make_checkpoint(model: LlamaGenGPT, path: Path) -> None:

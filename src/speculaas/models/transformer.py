@@ -50,11 +50,12 @@ def _rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Ten
 
 
 class KVCache:
-    """Preallocated keys/values: [layers, rows, heads, max_len, head_dim] each."""
+    """Preallocated keys/values: [layers, rows, heads, max_len + spare, head_dim] each; the
+    spare columns after max_len are a packed window's scratch (base.SCRATCH_SLOTS)."""
 
-    def __init__(self, cfg: DecoderConfig, rows: int, device, dtype) -> None:
+    def __init__(self, cfg: DecoderConfig, rows: int, device, dtype, spare: int = 0) -> None:  # noqa: ANN001
         hd = cfg.d_model // cfg.n_heads
-        shape = (cfg.n_layers, rows, cfg.n_heads, cfg.max_len, hd)
+        shape = (cfg.n_layers, rows, cfg.n_heads, cfg.max_len + spare, hd)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
 
@@ -149,9 +150,9 @@ class Decoder(nn.Module):
             x = blk(x, pos, rope)
         return self.head(self.norm(x))
 
-    def new_cache(self, rows: int) -> KVCache:
+    def new_cache(self, rows: int, spare: int = 0) -> KVCache:
         p = next(self.parameters())
-        return KVCache(self.cfg, rows, p.device, p.dtype)
+        return KVCache(self.cfg, rows, p.device, p.dtype, spare)
 
     def forward_cached(
         self, ids: torch.Tensor, pos: torch.Tensor, cache: KVCache, rows: torch.Tensor,
@@ -185,9 +186,9 @@ class Decoder(nn.Module):
         """A packed window (see Session.forward_packed): ids at positions pos [R, L], keys and
         values stored at cache columns `write` [R, L], then every query attends to the first S
         columns as mask [R, L, S] allows. Returns logits [R, L, vocab_out]."""
-        if mask.shape[-1] > self.cfg.max_len:
+        if mask.shape[-1] > cache.k.shape[3]:
             raise ValueError(f"a packed window needs {mask.shape[-1]} cache positions; the "
-                             f"model has max_len {self.cfg.max_len}")
+                             f"cache has {cache.k.shape[3]}")
         x, rope = self.embed(ids), self._rope_at(pos)
         for i, blk in enumerate(self.blocks):
             x = blk(x, pos, rope, (cache.k[i], cache.v[i]), rows, mask[:, None], write=write)
