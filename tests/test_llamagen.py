@@ -236,3 +236,11 @@ def test_t2i_unconditional_rows_see_the_caption_padding_mask(files):
     with pytest.raises(ValueError, match="caption mask"):
         sp.generate(model, [{"embedding": cap["embedding"], "mask": torch.ones(4, dtype=bool)}],
                     method="ar")
+
+
+def test_c2i_candidate_trees(c2i):
+    """Trees on LlamaGen (2-D rotary, grouped heads, CFG): a branch never sees its sibling, and
+    sjd with a tree draws AR's tokens."""
+    from test_tree import assert_branches_independent
+    assert_branches_independent(c2i)
+    assert_same_as_ar(c2i, [3, 7, None], windows=(16, 32), seed=5, cfg_scale=4.0, tree=(3, 3))

@@ -147,7 +147,9 @@ class ToyModel(ImageModel):
         scale: float = 1.5,
         rows: int = 1,
         device: str | torch.device = "cpu",
+        packed: bool = False,
     ) -> None:
+        self.packed_forward = bool(packed)  # sessions then take packed windows (trees)
         if vocab_size**length > 100_000:
             raise ValueError(
                 f"toy model with vocab {vocab_size} and length {length} has too "
@@ -216,3 +218,41 @@ class _ToySession(Session):
             self.seqs[images], (pos + 1).clamp(max=self.model.length - 1)
         )
         return self.model.table[rows], self.model.uncond_table[rows] if self.cfg else None
+
+    def forward_packed(self, inputs, pos, images, visible, window_mask, store, scratch=0):  # noqa: ANN001, ANN201, E501
+        """Session.forward_packed for a table model: slot s's context is the cached sequence
+        where `visible` allows it, with the inputs of the window slots it sees at their
+        positions (a hidden cached position reads as token 0: the toy has no other notion of
+        a missing key)."""
+        if not self.model.packed_forward:
+            raise NotImplementedError("toy model built without packed=True")
+        b, n, length = inputs.shape[0], inputs.shape[1], self.model.length
+        ctx = self.seqs[images, None, :length].expand(b, n, length).clone()
+        # Column c of visible is position c - 1; position T - 1 is never a cached context.
+        seen = torch.nn.functional.pad(visible[..., 1:length], (0, 1))
+        ctx = ctx * seen
+        cols = pos.clamp(0, length - 1)
+        for t in range(n):  # slot t's input, where other slots see it
+            sees = window_mask[:, :, t] & (pos[:, t, None] >= 0)
+            at = cols[:, t, None].expand(b, n)
+            cur = ctx.gather(2, at[..., None])[..., 0]
+            ctx.scatter_(2, at[..., None], torch.where(sees, inputs[:, t, None], cur)[..., None])
+        rows = self.model.prefix_index(ctx.reshape(b * n, length),
+                                       (pos + 1).clamp(0, length - 1).reshape(b * n, 1))
+        rows = rows.reshape(b, n)
+        kept = store & (pos >= 0)
+        self.seqs[images[:, None].expand(b, n)[kept], cols[kept]] = inputs[kept]
+        pad = ~window_mask.diagonal(dim1=1, dim2=2)
+        loose = ~store & ~pad
+        rank = loose.long().cumsum(1) - 1
+        self.scratch = torch.full((b, max(scratch, 1)), -1, dtype=torch.long, device=pos.device)
+        if scratch:
+            r = torch.arange(b, device=pos.device)[:, None].expand(b, n)
+            self.scratch[r[loose], rank[loose].clamp(max=scratch - 1)] = inputs[loose]
+        return self.model.table[rows], self.model.uncond_table[rows] if self.cfg else None
+
+    def keep_scratch(self, images, scratch, pos):  # noqa: ANN001, ANN201
+        used = scratch >= 0
+        r = torch.arange(len(images), device=pos.device)[:, None].expand_as(scratch)
+        self.seqs[images[:, None].expand_as(scratch)[used], pos[used]] = \
+            self.scratch[r[used], scratch[used]]
