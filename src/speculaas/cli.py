@@ -202,6 +202,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> None:
     from speculaas.bench.runner import BenchConfig, Variant, expand_sweeps, run
+    from speculaas.decoding.window import load_cost_curve
 
     variants = expand_sweeps([Variant.parse(m) for m in args.methods.split(",") if m.strip()],
                              args.sweep)
@@ -211,6 +212,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
                       prompts=args.prompts, limit=args.limit or None, seeds=args.seeds,
                       variants=variants, window=args.window, out=Path(args.out),
                       resume=args.resume, maps=args.maps,
+                      cost_curve=None if args.cost_curve is None else load_cost_curve(
+                          args.cost_curve),
                       model_options={k: v for k, v in _model_options(args).items()
                                      if k != "device"})
     summary = run(cfg)
@@ -271,6 +274,10 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--window", type=_window, default=None,
                    help="default window of every variant (a variant's window= overrides it); "
                         "default: auto, 16 for variants with row_context")
+    b.add_argument("--cost-curve", default=None, metavar="FILE",
+                   help='JSON {"window": seconds} (window 0: an AR step), e.g. a GPU\'s from '
+                        "benchmarks/gpu_latency.py or a flat model of one: window=auto chooses "
+                        "from it and the table adds the speed-up modelled on it")
 
     d = sub.add_parser("demo", help="serve the local web demo", formatter_class=HELP)
     d.add_argument("--model", default="builtin", choices=MODEL_NAMES, metavar="MODEL",

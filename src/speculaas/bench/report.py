@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..decoding.window import modelled_seconds
 from ..io import atomic_path, save_image, write_text
 from . import metrics
 from .maps import acceptance_figure
@@ -107,6 +108,12 @@ def write_report(cfg, model, prompts: list, rows: list[dict]) -> dict:  # noqa: 
             "rule_overhead_pct": 100 * sum(r["rule_seconds"] for r in rs) / sum(lat),
             "peak_memory_mb": max(r["peak_memory_mb"] for r in rs),
         }
+        curve = getattr(cfg, "cost_curve", None)
+        if curve is not None and all("windows" in r for r in rs):
+            # AR on the curve: one step per token; each image: its forwards at their windows.
+            ar_step = curve.get(0, curve.get(1))
+            modelled = [n_tokens * ar_step / modelled_seconds(curve, r["windows"]) for r in rs]
+            s["modelled_speedup"] = statistics.median(modelled)
         if edges is not None:
             drafted = [np.array(r["drafted"], float).reshape(grid) for r in rs]
             steps = [np.array(r["commit_step"]).reshape(grid) for r in rs]
@@ -153,9 +160,13 @@ def render_table(summary: dict) -> str:
     head = ("| variant | images | fwd passes | step compr. | drafts/fwd | latency med (s) | "
             "speed-up | rule % | peak MB | fidelity | FID rend. | FID vs AR | KIDx1e3 vs AR "
             "| drafted Q1..Q5 (smooth..detailed) |")
+    modelled = any("modelled_speedup" in s for s in summary["variants"].values())
+    if modelled:  # --cost-curve: the speed-up on that curve (e.g. a GPU's)
+        head += " modelled speed-up |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for lab, s in summary["variants"].items():
         q = s.get("drafted_share_by_detail_quintile")
+        extra = f" {_fmt(s.get('modelled_speedup'))}x |" if modelled else ""
         lines.append(
             f"| {lab} | {s['items']} | {s['forward_passes_mean']:.1f} | "
             f"{s['step_compression']:.2f}x | {s['accepted_drafts_per_forward']:.2f} | "
@@ -163,7 +174,7 @@ def render_table(summary: dict) -> str:
             f"{s['rule_overhead_pct']:.1f} | {s['peak_memory_mb']:.0f} | "
             f"{_fmt(s.get('prompt_fidelity'), '.3f')} | {_fmt(s.get('fid_vs_rendered'), '.1f')} | "
             f"{_fmt(s.get('fid_vs_ar'), '.1f')} | {_fmt(s.get('kid_x1000_vs_ar'), '.1f')} | "
-            f"{' / '.join(f'{x:.2f}' for x in q) if q else '-'} |")
+            f"{' / '.join(f'{x:.2f}' for x in q) if q else '-'} |" + extra)
     for note in summary.get("notes", []):
         lines.append(f"\n{note}")
     return "\n".join(lines)

@@ -105,6 +105,9 @@ class BenchConfig:
     maps: int = 3
     warmup: bool = True
     model_options: dict = field(default_factory=dict)  # e.g. dtype, vq=, grid= for adapters
+    # {window: seconds} from --cost-curve: window="auto" chooses from it, and the report adds
+    # each variant's speed-up modelled on it (decoding.window.load_cost_curve).
+    cost_curve: dict | None = None
 
 
 def _key(variant: str, prompt_index: int, seed: int) -> str:
@@ -165,6 +168,9 @@ def item_settings(cfg: BenchConfig, model, v: Variant, prompt) -> dict:  # noqa:
     from ..api import resolve_sampling
 
     opts = _decode_options(cfg, v)
+    if hasattr(opts.get("window"), "max_window"):  # auto on the run's cost curve
+        opts["window"] = {"auto on cost curve": {str(w): t for w, t in
+                                                 sorted(cfg.cost_curve.items())}}
     sampling = resolve_sampling(model, opts.get("temperature"), opts.get("top_k"),
                                 opts.get("top_p"), opts.get("cfg_scale"))
     return {"model": cfg.model, "weights": cfg.weights,
@@ -187,8 +193,14 @@ def _peak_memory_mb(device: torch.device) -> float:
 
 
 def _decode_options(cfg: BenchConfig, v: Variant) -> dict:
-    """A variant's options over the run's defaults: `csd:window=32:coupling=maximal` works."""
-    return {"window": cfg.window, **v.options}
+    """A variant's options over the run's defaults: `csd:window=32:coupling=maximal` works.
+    With a cost curve given, window="auto" chooses from that curve."""
+    opts = {"window": cfg.window, **v.options}
+    if cfg.cost_curve is not None and opts["window"] in (None, "auto") \
+            and opts.get("row_context") is None and v.method != "ar":
+        from ..decoding.window import AutoWindow
+        opts["window"] = AutoWindow(cost=cfg.cost_curve)
+    return opts
 
 
 def _check_variant(model, cfg: BenchConfig, v: Variant) -> None:  # noqa: ANN001
@@ -200,6 +212,8 @@ def _check_variant(model, cfg: BenchConfig, v: Variant) -> None:  # noqa: ANN001
     sampling = {k: opts.pop(k) for k in ("temperature", "top_k", "top_p", "cfg_scale")
                 if k in opts}
     decoding = {k: opts.pop(k) for k in DECODE_OPTIONS if k in opts}
+    if hasattr(decoding.get("window"), "max_window"):  # a policy on the run's cost curve
+        decoding["window"] = "auto"
     try:
         resolve_sampling(model, **sampling)
         build_rule(model, v.method, **opts)
@@ -286,6 +300,7 @@ def _run(cfg: BenchConfig, state) -> dict | None:  # noqa: ANN001
                 row = {
                     "variant": v.label, "method": v.method, "options": v.options,
                     "settings": settings[(v.label, i)], "mean_window": float(out.mean_window[0]),
+                    "windows": {str(w): n for w, n in out.windows[0].items()},
                     "prompt_index": i, "prompt": prompts[i], "seed": s,
                     "forward_passes": int(out.forward_passes[0]),
                     "tokens": out.tokens[0].tolist(),

@@ -499,6 +499,38 @@ def prior_tokens(prior: dict[int, float], window: int) -> float:
     return prior[ws[-1]]
 
 
+def load_cost_curve(path: str | Path) -> dict[int, float]:
+    """A cost curve from a JSON file {"window": seconds, ...} (window 0: one AR step), e.g. a
+    GPU's, measured by benchmarks/gpu_latency.py, or a model of one ({"0": 1, "1": 1, ...,
+    "128": 1}: a forward of up to 128 slots costs one AR step)."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"cost curve file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"cost curve file {path} is not readable JSON ({e})") from None
+    times = _valid_times(raw)
+    if times is None:
+        raise ValueError(f"cost curve file {path} must map windows (integers >= 0) to positive "
+                         'finite seconds, e.g. {"0": 0.01, "16": 0.011}')
+    if not ({1, 0} & set(times)):
+        raise ValueError(f"cost curve file {path} needs window 0 (an AR step) or 1")
+    return times
+
+
+def modelled_seconds(curve: dict[int, float], windows: dict[int, int]) -> float:
+    """What a decode that ran `windows` ({window: forwards}) would take on `curve` (a window
+    not listed costs the next wider one's time, or the widest's)."""
+    listed = sorted(curve)
+    total = 0.0
+    for w, n in windows.items():
+        w = int(w)
+        at = next((v for v in listed if v >= w), listed[-1])
+        total += n * curve[at]
+    return total
+
+
 def make_policy(window) -> WindowPolicy:  # noqa: ANN001
     """int -> fixed window; "auto" -> AutoWindow(); a WindowPolicy is used as given."""
     if isinstance(window, WindowPolicy):
