@@ -190,3 +190,37 @@ def test_rows_benchmark_checks_its_targets():
     assert not out["slow"]["meets_targets"]  # 2.56x steps
     assert not out["smeared"]["meets_targets"]  # FID 20 % above AR's
     assert "row_context=2" in " ".join(script.VARIANTS)
+
+
+def test_latency_spread_and_contention_warning():
+    from speculaas.bench.report import contention_note, pair_speedups
+
+    ar = [{"prompt_index": i, "seed": 0, "latency_s": 1.0} for i in range(4)]
+    rows = [{"prompt_index": i, "seed": 0, "latency_s": t} for i, t in enumerate([1, 2, 4, 8])]
+    med, q1, q3 = pair_speedups(ar, rows)
+    assert (med, q1, q3) == (0.375, 0.21875, 0.625)
+    assert pair_speedups(ar, rows[:1]) is None
+    assert contention_note("sjd", 2.2, 2.0) is None  # within the margin
+    note = contention_note("sjd", 5.03, 2.27)  # the busy machine the first-run issue saw
+    assert "5.03x faster than AR with only 2.27x fewer forwards" in note
+
+
+def test_cost_curve_file_models_the_speed_up(tmp_path):
+    curve = tmp_path / "flat.json"
+    curve.write_text(json.dumps({str(w): 0.01 for w in (0, 1, 2, 4, 8, 16, 32, 64, 128)}))
+    out = tmp_path / "b"
+    cmd = [sys.executable, "-m", "speculaas.cli", "bench", "--model", "tiny", "--prompts",
+           "classes", "--limit", "2", "--seeds", "1", "--maps", "0", "--out", str(out),
+           "--methods", "ar,sjd:window=16,sjd:window=32:tree=3x2,sjd", "--cost-curve",
+           str(curve)]
+    subprocess.run(cmd, check=True, env=ENV, capture_output=True)
+    s = json.loads((out / "summary.json").read_text())["variants"]
+    for lab, v in s.items():  # a flat curve: the modelled speed-up is the step compression
+        assert abs(v["modelled_speedup"] - 16 / (16 / v["step_compression"])) < 0.35, lab
+    assert "modelled speed-up" in (out / "table.md").read_text()
+    rows = [json.loads(line) for line in (out / "results.rank0.jsonl").read_text().splitlines()]
+    auto = [r for r in rows if r["variant"] == "sjd"]
+    assert all(max(map(int, r["windows"])) > 1 for r in auto)  # auto on a flat curve speculates
+    curve.write_text("[1, 2]")
+    bad = subprocess.run(cmd[:-1] + [str(curve)], env=ENV, capture_output=True, text=True)
+    assert bad.returncode == 2 and "must map windows" in bad.stderr

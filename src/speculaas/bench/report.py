@@ -14,6 +14,10 @@ from ..io import atomic_path, save_image, write_text
 from . import metrics
 from .maps import acceptance_figure
 
+# A speed-up over AR above this times the step compression is reported as suspicious: a
+# speculative forward never costs less than AR's one-token step on the same machine.
+CONTENTION_MARGIN = 1.15
+
 # FID/KID from fewer images than this are noise (KID can even come out hugely negative).
 MIN_FID_IMAGES = 16
 
@@ -108,6 +112,13 @@ def write_report(cfg, model, prompts: list, rows: list[dict]) -> dict:  # noqa: 
             "rule_overhead_pct": 100 * sum(r["rule_seconds"] for r in rs) / sum(lat),
             "peak_memory_mb": max(r["peak_memory_mb"] for r in rs),
         }
+        if ar_label and lab != ar_label:
+            pairs = pair_speedups(by_variant[ar_label], rs)
+            if pairs is not None:
+                s["speedup_pairs_median"], s["speedup_pairs_iqr"] = pairs[0], list(pairs[1:])
+                note = contention_note(lab, pairs[0], s["step_compression"])
+                if note:
+                    notes.append(note)
         curve = getattr(cfg, "cost_curve", None)
         if curve is not None and all("windows" in r for r in rs):
             # AR on the curve: one step per token; each image: its forwards at their windows.
@@ -156,9 +167,39 @@ def _fmt(x, spec: str = ".2f") -> str:  # noqa: ANN001
     return format(x, spec)
 
 
+def pair_speedups(ar_rows: list[dict], rows: list[dict]) -> tuple[float, float, float] | None:
+    """Per (prompt, seed) pair run side by side: AR's latency over the variant's. -> (median,
+    first quartile, third quartile), None with fewer than two pairs. The spread is the noise a
+    speed-up is read against."""
+    ar_by = {(r["prompt_index"], r["seed"]): r["latency_s"] for r in ar_rows}
+    ratios = [ar_by[(r["prompt_index"], r["seed"])] / r["latency_s"] for r in rows
+              if (r["prompt_index"], r["seed"]) in ar_by]
+    if len(ratios) < 2:
+        return None
+    q1, med, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return med, q1, q3
+
+
+def contention_note(label: str, speedup: float, compression: float) -> str | None:
+    """A speed-up well above the step compression means AR's timings were slowed (each
+    speculative forward costs at least AR's one-token step), not that speculation won."""
+    if speedup <= CONTENTION_MARGIN * compression:
+        return None
+    return (f"warning: {label} is {speedup:.2f}x faster than AR with only {compression:.2f}x "
+            "fewer forwards, which no forward can do: AR's timings were slowed (a busy "
+            "machine?); rerun on a quiet one")
+
+
+def _pairs(s: dict) -> str:
+    if "speedup_pairs_median" not in s:
+        return ""
+    q1, q3 = s["speedup_pairs_iqr"]
+    return f" ({s['speedup_pairs_median']:.2f}x [{q1:.2f}-{q3:.2f}])"
+
+
 def render_table(summary: dict) -> str:
     head = ("| variant | images | fwd passes | step compr. | drafts/fwd | latency med (s) | "
-            "speed-up | rule % | peak MB | fidelity | FID rend. | FID vs AR | KIDx1e3 vs AR "
+            "speed-up (pairs: median [IQR]) | rule % | peak MB | fidelity | FID rend. | FID vs AR | KIDx1e3 vs AR "
             "| drafted Q1..Q5 (smooth..detailed) |")
     modelled = any("modelled_speedup" in s for s in summary["variants"].values())
     if modelled:  # --cost-curve: the speed-up on that curve (e.g. a GPU's)
@@ -170,7 +211,7 @@ def render_table(summary: dict) -> str:
         lines.append(
             f"| {lab} | {s['items']} | {s['forward_passes_mean']:.1f} | "
             f"{s['step_compression']:.2f}x | {s['accepted_drafts_per_forward']:.2f} | "
-            f"{s['latency_median_s']:.3f} | {_fmt(s['speedup_vs_ar'])}x | "
+            f"{s['latency_median_s']:.3f} | {_fmt(s['speedup_vs_ar'])}x{_pairs(s)} | "
             f"{s['rule_overhead_pct']:.1f} | {s['peak_memory_mb']:.0f} | "
             f"{_fmt(s.get('prompt_fidelity'), '.3f')} | {_fmt(s.get('fid_vs_rendered'), '.1f')} | "
             f"{_fmt(s.get('fid_vs_ar'), '.1f')} | {_fmt(s.get('kid_x1000_vs_ar'), '.1f')} | "

@@ -427,6 +427,11 @@ class AutoWindow(WindowPolicy):
         if self.cost is None and measure is None:
             raise ValueError("AutoWindow needs a cost curve: give `cost`, or let the decoding "
                              "loop measure one")
+        if self.cost is not None:  # a given curve: choose among the windows it lists
+            listed = tuple(w for w in self.candidates if w in self.cost)
+            if not listed:
+                raise ValueError(f"the cost curve lists none of the windows {self.candidates}")
+            self.candidates = listed
         curve = self.cost if self.cost is not None else measure((0, *self.candidates))
         prior = self.prior or PRIOR_TOKENS["lossless" if lossless else "relaxed"]
         self.curve = curve
