@@ -170,6 +170,43 @@ def test_builtin_captions_are_checked_against_the_grammar(caption, match):
         parse_caption(caption)
 
 
+NATURAL = {  # what a newcomer types -> what the model was trained on
+    "a red circle in the center over grass": "a big red circle on the center over grass",
+    "a blue square on the left": "a big blue square on the left under a blue sky",
+    "a red circle on the left and a blue square on the right over grass":
+        "a big red circle on the left over grass and a small blue square on the right",
+    "over grass, a red circle on the left": "a big red circle on the left over grass",
+    "a large green triangle in the middle at sunset":
+        "a big green triangle on the center at sunset",
+    "A red circle on the left on a plain gray background":
+        "a big red circle on the left on a plain grey background",
+    "a small white diamond on the right against a brick wall":
+        "a small white diamond on the right in front of a brick wall",
+}
+
+
+@pytest.mark.parametrize("caption", NATURAL)
+def test_natural_captions_map_onto_the_grammar(caption, builtin):
+    from speculaas.models.builtin.judge import caption_labels
+    from speculaas.models.builtin.scenes import parse_caption
+
+    assert parse_caption(caption) == NATURAL[caption]
+    assert caption_labels(caption) == caption_labels(NATURAL[caption])
+    builtin.check_prompts([caption])
+
+
+@pytest.mark.parametrize("caption,hint", [
+    ("a red circle on the left and a blue square over grass",
+     "a big red circle on the left over grass and a small blue square on the center"),
+    ("a big purple diamond", "a big purple diamond on the left under a blue sky"),
+])
+def test_refusal_hints_keep_every_object_the_user_named(caption, hint):
+    from speculaas.models.builtin.scenes import parse_caption
+
+    with pytest.raises(ValueError, match=f"nearest valid caption: '{hint}'"):
+        parse_caption(caption)
+
+
 def test_builtin_captions_ignore_case_and_punctuation():
     from speculaas.models.builtin.scenes import parse_caption
 

@@ -2,9 +2,11 @@
 runs: one line naming the problem, exit 2, no traceback, nothing trained, nothing lost."""
 
 import json
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from test_train import TINY
@@ -120,3 +122,19 @@ def test_a_diverging_stage_stops_with_its_name(tmp_path, monkeypatch):
     monkeypatch.setattr(train.F, "cross_entropy", nan_loss)
     with pytest.raises(ValueError, match="stage 'judge' diverged"):
         train.main(tiny(tmp_path / "run"))
+
+
+def test_an_out_folder_that_cannot_be_written(tmp_path):
+    """T10: a read-only --out is refused in one line before any work. Root writes through
+    permission bits, so there the folder is one the kernel refuses to create (under /proc)."""
+    if os.geteuid() == 0:
+        out = Path("/proc/speculaas-read-only/run")
+    else:
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
+        out = ro / "run"
+    res = subprocess.run([sys.executable, "-m", "speculaas.cli", "train", "--out", str(out),
+                          *TINY], capture_output=True, text=True)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "cannot write" in res.stderr

@@ -225,9 +225,11 @@ def cmd_bench(args: argparse.Namespace) -> None:
 def cmd_captions() -> None:
     from .models.builtin.scenes import GRAMMAR, sample_scenes
 
-    print("Captions of the built-in model (case and punctuation are ignored, word order is "
-          "not):\n")
+    print("Captions of the built-in model (case and punctuation are ignored):\n")
     print(GRAMMAR.replace("; ", "\n"))
+    print("\nalso read: no size (big, then small), 'in the center' / 'in the middle', the "
+          "background first or left out (under a blue sky), e.g. 'a red circle in the middle "
+          "over grass', 'at sunset, a blue square on the left and a green circle on the right'")
     print("\nexamples:")
     for scene in sample_scenes(5, seed=97_000_000):
         print(f"  {scene.caption}")

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .scenes import BACKGROUNDS, COLOURS, POSITIONS, SHAPES, Scene
+from .scenes import BACKGROUNDS, COLOURS, POSITIONS, SHAPES, Scene, parse_caption
 
 HEADS = {"shape": len(SHAPES), "colour": len(COLOURS), "background": len(BACKGROUNDS),
          "position": len(POSITIONS)}
@@ -69,8 +69,9 @@ def predict(judge: Judge, images) -> dict[str, torch.Tensor]:
 
 
 def caption_labels(caption: str) -> dict[str, int]:
-    """Attributes a caption asks for (main object = the first one named; background)."""
-    words = caption.split()
+    """Attributes a caption asks for (main object = the first one named; background). Natural
+    captions are read through the grammar's form first (scenes.parse_caption)."""
+    words = parse_caption(caption).split()
     shape = next(w for w in words if w in SHAPES)
     colour = next(w for w in words if w in COLOURS)
     keyword = {"sky": "blue sky", "sunset": "sunset", "grey": "plain grey", "grass": "grass",

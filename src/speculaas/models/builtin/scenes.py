@@ -215,36 +215,127 @@ def normalise_caption(caption: str) -> str:
     return " ".join(re.sub(r"[^a-z ]+", " ", caption.lower()).split())
 
 
-def _nearest_caption(words: list[str]) -> str:
-    """A valid caption built from the attribute words the input has (defaults for the rest)."""
-    def first(options, default):  # noqa: ANN001, ANN202
-        return next((w for w in words if w in options), default)
+# Natural ways of saying what the grammar says (after normalise_caption): synonyms of its words,
+# and the background phrases people write. Order matters: longer phrases first.
+_SYNONYMS = {"gray": "grey", "centre": "center", "middle": "center", "large": "big",
+             "huge": "big", "little": "small", "tiny": "small", "an": "a", "one": "a"}
+_BG_NATURAL = (
+    ("brick", r"(?:(?:in front of|against|before|by|next to) )?(?:a )?(?:red )?brick wall"
+              r"(?: background)?"),
+    ("plain grey", r"(?:(?:on|against|over|in front of|with) )?(?:a )?(?:plain )?grey"
+                   r" background"),
+    ("blue sky", r"(?:(?:under|below|beneath|against|with|in) )?(?:a |the )?(?:blue )?sky"),
+    ("sunset", r"(?:(?:at|during|in|with) )?(?:a |the )?sunset(?: sky)?"),
+    ("grass", r"(?:(?:over|on|in|above|with) )?(?:the |some )?(?:green )?grass(?: background)?"),
+    ("gravel", r"(?:(?:over|on|in|above|with) )?(?:the |some )?gravel(?: background)?"),
+)
+_OBJECT_NATURAL = re.compile(
+    rf"a (?:({'|'.join(SIZES)}) )?({'|'.join(COLOURS)}) ({'|'.join(SHAPES)})"
+    rf"(?: (?:on|in|at|to) the ({'|'.join(POSITIONS)}))?")
+DEFAULT_BACKGROUND = "blue sky"
 
-    background = next((bg for key, bg in (("sky", "blue sky"), ("sunset", "sunset"),
-                                          ("grey", "plain grey"), ("grass", "grass"),
-                                          ("gravel", "gravel"), ("brick", "brick"))
-                       if key in words), "blue sky")
-    return (f"a {first(SIZES, 'big')} {first(COLOURS, 'red')} {first(SHAPES, 'circle')} on the "
-            f"{first(POSITIONS, 'center')} {_BG_PHRASES[background]}")
+
+def _natural(text: str) -> tuple[list[tuple[str, str, str, str | None]], str | None, str]:
+    """(objects as (size or "", colour, shape, position or None), background or None, what is
+    left over) read from a normalised caption, in the order the user wrote them."""
+    text = " ".join(_SYNONYMS.get(w, w) for w in text.split())
+    background = None
+    for name, pattern in _BG_NATURAL:
+        m = re.search(rf"(?:^| ){pattern}(?: |$)", text)
+        if m:
+            background = name
+            text = (text[: m.start()] + " " + text[m.end():]).strip()
+            break
+    objects = []
+    rest = text
+    for m in _OBJECT_NATURAL.finditer(text):
+        objects.append((m.group(1) or "", m.group(2), m.group(3), m.group(4)))
+        rest = rest.replace(m.group(0), " ", 1)
+    rest = " ".join(w for w in rest.split() if w not in ("and", "with", "plus", "next", "to"))
+    return objects, background, rest
+
+
+def _canonical(objects: list, background: str) -> str:
+    phrases = [f"a {size or ('big' if i == 0 else 'small')} {colour} {shape} on the {position}"
+               for i, (size, colour, shape, position) in enumerate(objects)]
+    text = f"{phrases[0]} {_BG_PHRASES[background]}"
+    return text + (f" and {phrases[1]}" if len(phrases) > 1 else "")
+
+
+def _nearest_caption(words: list[str]) -> str:
+    """A valid caption built from every attribute word the input has, object by object (a shape
+    word closes an object; a position after it belongs to it), defaults for the rest."""
+    words = [_SYNONYMS.get(w, w) for w in words]
+    objects, pending = [], {}
+    for w in words:
+        for key, options in (("size", SIZES), ("colour", COLOURS), ("position", POSITIONS)):
+            if w in options:
+                if key == "position" and objects and objects[-1]["position"] is None \
+                        and not pending:
+                    objects[-1]["position"] = w
+                else:
+                    pending[key] = w
+        if w in SHAPES:
+            objects.append({"size": pending.get("size", ""), "shape": w,
+                            "colour": pending.get("colour"), "position": pending.get("position")})
+            pending = {}
+    if not objects:
+        objects = [{"size": pending.get("size", ""), "shape": "circle",
+                    "colour": pending.get("colour"), "position": pending.get("position")}]
+    objects = objects[:2]
+    free = [p for p in POSITIONS if p not in {o["position"] for o in objects}]
+    free_colours = [c for c in COLOURS if c not in {o["colour"] for o in objects}]
+    for o in objects:
+        o["position"] = o["position"] or free.pop(0)
+        o["colour"] = o["colour"] or free_colours.pop(0)
+    keyword = {"sky": "blue sky", "sunset": "sunset", "grey": "plain grey", "grass": "grass",
+               "gravel": "gravel", "brick": "brick"}
+    background = next((keyword[w] for w in words if w in keyword), DEFAULT_BACKGROUND)
+    return _canonical([(o["size"], o["colour"], o["shape"], o["position"]) for o in objects],
+                      background)
+
+
+# Words natural captions may use besides the grammar's.
+_EXTRA_WORDS = {"with", "plus", "next", "to", "against", "before", "by", "below", "beneath",
+                "during", "above", "some", "red", "green", "sky"}
+
+
+def canonical_caption(caption: str) -> str | None:
+    """The grammar's caption for a natural one (optional size, "in the center"/"in the middle",
+    an optional background, default under a blue sky, objects and background in either
+    order), or None where the words do not read as one or two placed objects."""
+    objects, background, rest = _natural(normalise_caption(caption))
+    if rest or not 1 <= len(objects) <= 2 or any(o[3] is None for o in objects):
+        return None
+    if len(objects) == 2 and objects[0][3] == objects[1][3]:
+        return None  # two objects in one place: not a scene the model draws
+    text = _canonical(objects, background or DEFAULT_BACKGROUND)
+    return text if _CAPTION.fullmatch(text) else None
 
 
 def parse_caption(caption: str) -> str:
-    """The normalised caption if the grammar (`GRAMMAR`) produces it, else a ValueError that
-    names the unknown words or shows the nearest valid caption."""
+    """The normalised caption if the grammar (`GRAMMAR`) produces it, or the grammar's caption
+    for a natural one (canonical_caption), else a ValueError that names the unknown words or
+    shows the nearest valid caption, built from every attribute the input names."""
     if not isinstance(caption, str):
         raise ValueError(f"the built-in model takes caption strings or None, got {caption!r}")
     text = normalise_caption(caption)
     words = text.split()
-    unknown = sorted({w for w in words if w not in WORDS or w in (PAD, NULL, BOI)})
+    unknown = sorted({w for w in words if (w not in WORDS and w not in _SYNONYMS
+                                           and w not in _EXTRA_WORDS) or w in (PAD, NULL, BOI)})
     if unknown:
         raise ValueError(f"caption {caption!r} uses words the built-in model does not know: "
                          f"{unknown}; try {_nearest_caption(words)!r} (`speculaas captions` "
                          "shows the grammar)")
     if not _CAPTION.fullmatch(text):
+        natural = canonical_caption(text)
+        if natural is not None:
+            return natural
         raise ValueError(f"caption {caption!r} does not follow the built-in grammar; nearest "
                          f"valid caption: {_nearest_caption(words)!r} (`speculaas captions` "
                          "shows the grammar)")
     return text
+
 
 
 def tokenize_caption(caption: str | None, *, null: bool = False) -> list[int]:
