@@ -52,6 +52,10 @@ def test_csd_compared_with_ar_shows_images_maps_and_numbers(page):
         assert int(r.query_selector(".fp").inner_text()) > 0
     assert runs[1].query_selector(".fp").inner_text() == "256"  # AR: one forward per token
     assert int(runs[0].query_selector(".fp").inner_text()) < 256
+    for r in runs:  # colour scales beside the maps; no order map in raster order
+        assert len(r.query_selector_all(".scale .bar")) == 2 and r.query_selector("img.order") is None
+    speed = page.inner_text("#speed")
+    assert "fewer forward passes than AR" in speed and ("faster" in speed or "slower" in speed)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "demo.png"), full_page=True)
 
@@ -68,9 +72,12 @@ def test_bad_input_shows_a_message_and_the_server_keeps_serving(page, field, val
     page.fill("#delta", "0.65")
     page.fill("#window", "16")
     page.uncheck("#compare")
+    _submit(page)
+    assert len(page.query_selector_all(".run")) == 1
     page.fill(field, value)
     _submit(page)
     assert message in page.inner_text("#error")
+    assert page.query_selector_all(".run") == []  # the last pictures do not stay under it
     page.fill("#caption", "a small blue square on the right at sunset")
     page.fill("#delta", "0.65")
     page.fill("#window", "16")

@@ -178,7 +178,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
     for img, p in zip(out.images, paths, strict=True):
         save_image(img.resize((img.width * args.scale, img.height * args.scale), 0), p)
     titles = [f"{args.method}: {out.forward_passes[i]} forwards" for i in range(len(prompts))]
-    fig = acceptance_figure(out.images, out.commit_step, out.entropy, titles)
+    fig = acceptance_figure(out.images, out.commit_step, out.entropy, titles,
+                            caption=" | ".join(dict.fromkeys(str(p) for p in prompts)))
     map_path = path.with_name(path.stem + ".map.png")
     save_image(fig, map_path)
     n = out.tokens.shape[1]

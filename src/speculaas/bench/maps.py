@@ -26,23 +26,31 @@ def acceptance_figure(images: list[Image.Image], commit_step: torch.Tensor,
                       entropy: torch.Tensor, titles: list[str],
                       caption: str | None = None) -> Image.Image:
     """One row per image: the image, tokens committed per iteration at each grid cell (bright =
-    committed in a long accepted run, i.e. where decoding sped up), the iteration that committed
-    each cell (raster decoding sweeps row by row; a two-dimensional window shows its diagonal
-    frontier), and the target entropy. `caption`: the prompt, written above the figure."""
+    committed in a long accepted run, i.e. where decoding sped up), the iteration that
+    committed each cell (only where the order is not raster: a two-dimensional window's
+    diagonal frontier; in raster order it is a plain top-to-bottom gradient), and the target
+    entropy. `caption`: the prompt, written above the figure."""
     runs = run_lengths(commit_step)
     n = len(images)
-    fig, axes = plt.subplots(n, 4, figsize=(10, 2.6 * n), squeeze=False)
+    flat = commit_step.flatten(1)
+    order = bool((flat[:, 1:] < flat[:, :-1]).any())  # some cell committed before one above-left
+    cols = 4 if order else 3
+    fig, axes = plt.subplots(n, cols, figsize=(2.6 * cols, 2.6 * n + (0.5 if caption else 0)),
+                             squeeze=False)
     vmax = max(int(runs.max()), 2)
     for i in range(n):
-        ax_img, ax_run, ax_step, ax_ent = axes[i]
+        ax_img, ax_run, *rest = axes[i]
         ax_img.imshow(np.asarray(images[i].convert("RGB")), interpolation="nearest")
         ax_img.set_title(titles[i], fontsize=8)
         im = ax_run.imshow(runs[i].numpy(), cmap="viridis", vmin=1, vmax=vmax)
-        ax_run.set_title("tokens per forward at each cell", fontsize=8)
+        ax_run.set_title("tokens per forward\n(bright: long accepted runs = speed)", fontsize=8)
         fig.colorbar(im, ax=ax_run, fraction=0.046)
-        im = ax_step.imshow(commit_step[i].numpy(), cmap="cividis")
-        ax_step.set_title("iteration that committed it", fontsize=8)
-        fig.colorbar(im, ax=ax_step, fraction=0.046)
+        if order:
+            ax_step = rest.pop(0)
+            im = ax_step.imshow(commit_step[i].numpy(), cmap="cividis")
+            ax_step.set_title("iteration that committed it", fontsize=8)
+            fig.colorbar(im, ax=ax_step, fraction=0.046)
+        ax_ent = rest[0]
         im = ax_ent.imshow(entropy[i].numpy(), cmap="magma")
         ax_ent.set_title("target entropy (nats)", fontsize=8)
         fig.colorbar(im, ax=ax_ent, fraction=0.046)

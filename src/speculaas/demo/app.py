@@ -137,6 +137,15 @@ def parse_request(form: dict, model) -> dict:  # noqa: ANN001
     return {"caption": caption, "compare": compare, **args}
 
 
+def _scale(cmap: str, vmin: float, vmax: float, stops: int = 6) -> dict:
+    """A colour scale the page draws beside a map: CSS colours from low to high, and the ends."""
+    import matplotlib
+
+    colours = matplotlib.colormaps[cmap](np.linspace(0, 1, stops))
+    css = ["#" + "".join(f"{int(round(c * 255)):02x}" for c in rgba[:3]) for rgba in colours]
+    return {"colours": css, "min": vmin, "max": vmax}
+
+
 def run_request(model, req: dict, watch: _Watch | None = None) -> dict:  # noqa: ANN001
     caption, compare = req["caption"], req["compare"]
     args = {k: v for k, v in req.items() if k not in ("caption", "compare")}
@@ -150,12 +159,19 @@ def run_request(model, req: dict, watch: _Watch | None = None) -> dict:  # noqa:
         runs_map = run_lengths(steps[None])[0].numpy()
         ent = out.entropy[0].numpy()
         n = out.tokens.shape[1]
+        run_max, ent_max = max(int(runs_map.max()), 2), max(float(ent.max()), 1e-3)
+        flat = steps.flatten()
+        raster = bool((flat[1:] >= flat[:-1]).all())  # the order map then says nothing
         results.append({
             "method": r["method"],
             "image": _png(out.images[0]),
-            "acceptance_map": _png(_heat(runs_map, 1, max(int(runs_map.max()), 2), "viridis")),
-            "entropy_map": _png(_heat(ent, 0, max(float(ent.max()), 1e-3), "magma")),
-            "order_map": _png(_heat(steps.numpy(), 0, max(int(steps.max()), 1), "cividis")),
+            "acceptance_map": _png(_heat(runs_map, 1, run_max, "viridis")),
+            "acceptance_scale": _scale("viridis", 1, run_max),
+            "entropy_map": _png(_heat(ent, 0, ent_max, "magma")),
+            "entropy_scale": _scale("magma", 0, round(ent_max, 2)),
+            "order_map": None if raster else _png(
+                _heat(steps.numpy(), 0, max(int(steps.max()), 1), "cividis")),
+            "order_scale": None if raster else _scale("cividis", 0, max(int(steps.max()), 1)),
             "forward_passes": int(out.forward_passes[0]),
             "tokens": n,
             "step_compression": round(n / int(out.forward_passes[0]), 2),
