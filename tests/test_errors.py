@@ -271,3 +271,23 @@ def test_cli_refuses_unwritable_output_before_loading_anything(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert res2.returncode == 2 and "cannot write" in res2.stderr
     assert "Traceback" not in res2.stderr
+
+
+def test_object_count_counts_separate_blobs_of_a_colour():
+    import numpy as np
+
+    from speculaas.bench.metrics import object_count
+    from speculaas.models.builtin.scenes import COLOURS, render_scene
+
+    img = np.full((64, 64, 3), 120, np.uint8)
+    assert object_count(img, COLOURS["red"]) == 0
+    img[10:25, 5:20] = COLOURS["red"]
+    assert object_count(img, COLOURS["red"]) == 1
+    img[40:55, 40:55] = COLOURS["red"]
+    img[30:32, 30:32] = COLOURS["red"]  # a speck, not an object
+    assert object_count(img, COLOURS["red"]) == 2
+    assert object_count(img, COLOURS["blue"]) == 0
+    hits = sum(object_count(sc.image, COLOURS[sc.objects[0].colour]) == 1
+               for sc in (render_scene(90_000_000 + i) for i in range(40))
+               if len(sc.objects) == 1)
+    assert hits >= 25  # of the ~28 one-object scenes: the counter reads ground truth

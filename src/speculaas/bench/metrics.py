@@ -93,3 +93,27 @@ def feature_distances(judge, real: list, fake: list) -> dict[str, float]:  # noq
             metric.update(f, real=False)
         kid_mean, _ = kid.compute()
         return {"fid": float(fid.compute()), "kid_x1000": 1000 * float(kid_mean)}
+
+
+# Pixels within this RGB distance of an object colour count as that colour, and blobs of fewer
+# pixels than MIN_OBJECT_PIXELS are specks, not objects (a small object covers about 250 of the
+# 64 x 64). Chosen on rendered held-out scenes (seeds 90,000,000 on): the count equals the
+# number of objects of that colour for 99.0 % of 383 objects in 300 scenes (wider radii take
+# in sky, sunset and gravel pixels).
+COLOUR_RADIUS = 35.0
+MIN_OBJECT_PIXELS = 60
+
+
+def object_count(image, colour: tuple[int, int, int]) -> int:  # noqa: ANN001
+    """How many separate objects of `colour` an image shows: connected regions of pixels near
+    the colour (8-connected, after a 3x3 opening that removes grain), MIN_OBJECT_PIXELS or more.
+    image: PIL image or uint8 array [H, W, 3]."""
+    from scipy import ndimage
+
+    x = np.asarray(image.convert("RGB") if hasattr(image, "convert") else image, np.float32)
+    near = np.linalg.norm(x - np.array(colour, np.float32), axis=-1) < COLOUR_RADIUS
+    near = ndimage.binary_opening(near, np.ones((3, 3), bool))
+    labels, n = ndimage.label(near, np.ones((3, 3), bool))
+    if n == 0:
+        return 0
+    return int((np.bincount(labels.ravel())[1:] >= MIN_OBJECT_PIXELS).sum())
