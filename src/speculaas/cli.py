@@ -289,6 +289,18 @@ def main(argv: list[str] | None = None) -> None:
     d.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
     d.add_argument("--port", type=int, default=7860, help="port to serve on")
 
+    v = sub.add_parser("serve", help="serve an OpenAI-style images API with continuous "
+                                     "batching and speculation", formatter_class=HELP)
+    v.add_argument("--model", default="builtin", choices=("builtin", "tiny"), metavar="MODEL",
+                   help="builtin or tiny (adapters that can admit requests into a running "
+                        "batch)")
+    v.add_argument("--weights", default=None, help="local weights folder")
+    v.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
+    v.add_argument("--port", type=int, default=8000, help="port to serve on")
+    v.add_argument("--max-batch", type=int, default=8,
+                   help="images decoded together per decode setting (1: one at a time)")
+    v.add_argument("--queue", type=int, default=64, help="requests that may wait; more get 503")
+
     sub.add_parser("captions", help="the caption grammar of the built-in model, with examples")
     # The training script parses its own options (`speculaas train --help` lists them), so they
     # reach it as the arguments this parser does not know.
@@ -305,6 +317,9 @@ def main(argv: list[str] | None = None) -> None:
             cmd_captions()
         elif args.command == "bench":
             cmd_bench(args)
+        elif args.command == "serve":
+            from speculaas.serve.app import serve
+            serve(args.model, args.host, args.port, args.weights, args.max_batch, args.queue)
         elif args.command == "demo":
             from speculaas.demo.app import serve
             serve(args.model, args.host, args.port, args.weights)

@@ -128,6 +128,27 @@ class DecodeState:
         self.step[:, :start] = 0
         self.count.fill_(start)
 
+    def restart(self, rows: list[int], generators: list[torch.Generator]) -> None:
+        """Continuous batching: rows `rows` start new images with these random streams, drawn
+        from exactly as a decode of their own draws (the noise key first), so that an image's
+        tokens do not depend on when it joined the batch. `retire` marks rows finished."""
+        idx = torch.tensor(rows, device=self.count.device)
+        for r, g in zip(rows, generators, strict=True):
+            self.generators[r] = g
+        self.keys[idx] = image_keys(generators, self.count.device)
+        for t in (self.tokens, self.drafted, self.entropy, self.count, self.has_draft,
+                  self.forward_passes, self.accept_hist, self.window_hist):
+            t[idx] = 0
+        self.step[idx] = -1
+        if self.noise_table is not None:
+            every = torch.arange(self.length, device=idx.device)[None]
+            for r in rows:
+                self.noise_table[r] = exponential_noise(self.keys[r : r + 1], every, self.vocab)[0]
+
+    def retire(self, rows: list[int]) -> None:
+        """Rows that hold no image (free slots of a continuous batch): finished for the loop."""
+        self.count[torch.tensor(rows, device=self.count.device)] = self.length
+
     def noise(self, img: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """The exponential noise (sampling.exponential_noise) of images img [G] at positions
         pos [G, L]: [G, L, V] float32; from a table of every position when it fits in

@@ -157,6 +157,12 @@ class ImageModel(ABC):
     def decode(self, tokens: torch.Tensor) -> list[Image.Image]:
         """[B, T] generated tokens -> one PIL image per row."""
 
+    def admit(self, session: Session, rows: list[int], prompts: list) -> None:
+        """Continuous batching: put `prompts` into rows `rows` of a running session (prefill
+        them; the rows' earlier contents are forgotten). Adapters that cannot say so."""
+        raise ValueError(f"model {self.name!r} cannot admit requests into a running batch "
+                         "(continuous batching needs builtin or tiny)")
+
     def check_prompts(self, prompts: list) -> None:  # noqa: B027 - optional hook
         """Raise ValueError if a prompt is not one this model can take (default: accept)."""
 
@@ -195,6 +201,20 @@ class PrefixDecoderSession(Session):
 
     def context_length(self) -> int:
         return self.prompt_len
+
+    @torch.inference_mode()
+    def admit(self, rows: list[int], prefix: torch.Tensor, null_prefix: torch.Tensor | None,
+              ) -> None:
+        """Prefill rows `rows` with new prompts prefix [r, P] (null_prefix [r, P]: their
+        unconditional rows, with CFG): continuous batching (ImageModel.admit)."""
+        idx = torch.tensor(rows, device=prefix.device)
+        ids = prefix
+        if self.cfg:
+            idx, ids = torch.cat([idx, idx + self.batch_size]), torch.cat([prefix, null_prefix])
+        self.last_prompt[idx] = ids[:, -1]
+        if self.prompt_len > 1:
+            pos = torch.arange(self.prompt_len - 1, device=ids.device).expand(ids.shape[0], -1)
+            self.decoder.forward_cached(ids[:, :-1], pos, self.cache, idx)
 
     @torch.inference_mode()
     def forward(self, inputs, offset, images, max_offset=None):  # noqa: ANN001, ANN201

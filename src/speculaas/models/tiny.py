@@ -111,6 +111,13 @@ class TinyModel(ImageModel):
             ids.append([cls, self.num_classes + 1])
         return torch.tensor(ids, device=self.device)
 
+    def check_prompts(self, prompts: list) -> None:
+        self._prefix(prompts, null=False)
+
+    def admit(self, session, rows: list[int], prompts: list) -> None:  # noqa: ANN001
+        session.admit(rows, self._prefix(prompts, null=False),
+                      self._prefix(prompts, null=True) if session.cfg else None)
+
     def start(self, prompts: list, *, cfg: bool) -> Session:
         null = self._prefix(prompts, null=True) if cfg else None
         return PrefixDecoderSession(

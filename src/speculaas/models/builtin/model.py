@@ -93,6 +93,10 @@ class BuiltinModel(ImageModel):
     def check_prompts(self, prompts: list) -> None:
         self._prefix(prompts, null=False)
 
+    def admit(self, session, rows: list[int], prompts: list) -> None:  # noqa: ANN001
+        session.admit(rows, self._prefix(prompts, null=False),
+                      self._prefix(prompts, null=True) if session.cfg else None)
+
     def start(self, prompts: list, *, cfg: bool) -> Session:
         null = self._prefix(prompts, null=True) if cfg else None
         return PrefixDecoderSession(self.decoder, self._prefix(prompts, null=False), null,

@@ -1,0 +1,172 @@
+"""`speculaas serve`: an OpenAI-style images endpoint over the continuous-batching engine.
+
+    POST /v1/images/generations  {"prompt": "...", "n": 1, "response_format": "b64_json",
+                                  + ours: "method", "seed", "window", "lam", "delta",
+                                  "temperature", "top_k", "top_p", "cfg_scale"}
+        -> {"created": ..., "data": [{"b64_json": PNG}], "speculaas": [per-image statistics]}
+    GET  /health                 -> {"status": "ok", "waiting": ..., "running": ..., ...}
+
+Bad requests get 400 with OpenAI's error shape ({"error": {"message", "type"}}), a full queue
+503 (Retry-After); a request whose client leaves, or whose time limit runs out, leaves the
+batch within one iteration.
+"""
+
+
+import asyncio
+import base64
+import io
+import time
+
+from ..checks import is_integer, is_number
+from ..config import METHODS, RULE_DEFAULTS
+from .engine import Cancelled, Engine, QueueFull, Request
+
+MAX_N = 8
+MAX_PROMPT_CHARS = 1000
+TIME_LIMIT_S = 300.0
+# Our fields beside OpenAI's, and the rule options each method takes (config.RULE_DEFAULTS).
+DECODE_FIELDS = ("method", "seed", "window", "temperature", "top_k", "top_p", "cfg_scale")
+# OpenAI fields we accept and ignore: the model is the one this server loaded, the size its
+# own, the user an opaque tag.
+IGNORED = ("model", "size", "user", "quality", "style")
+
+
+def _error(message: str, status: int, kind: str = "invalid_request_error"):  # noqa: ANN202
+    from fastapi.responses import JSONResponse
+
+    headers = {"Retry-After": "5"} if status == 503 else None
+    return JSONResponse({"error": {"message": message, "type": kind, "param": None,
+                                   "code": None}}, status_code=status, headers=headers)
+
+
+def parse(body: object, default_method: str = "sjd") -> tuple[list[Request], dict]:
+    """The requests of one API call (n images, seeds seed .. seed + n - 1), or ValueError."""
+    if not isinstance(body, dict):
+        raise ValueError("the request body must be a JSON object")
+    known = ("prompt", "n", "response_format", *DECODE_FIELDS, *IGNORED,
+             *{k for opts in RULE_DEFAULTS.values() for k in opts})
+    unknown = sorted(set(body) - set(known))
+    if unknown:
+        raise ValueError(f"unknown field(s) {unknown}; known: {', '.join(known)}")
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError("'prompt' must be a non-empty string")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise ValueError(f"'prompt' has {len(prompt)} characters; the limit is "
+                         f"{MAX_PROMPT_CHARS}")
+    n = body.get("n", 1)
+    if not (is_integer(n) and 1 <= n <= MAX_N):
+        raise ValueError(f"'n' must be an integer from 1 to {MAX_N}, got {n!r}")
+    fmt = body.get("response_format", "b64_json")
+    if fmt != "b64_json":
+        raise ValueError(f"'response_format' must be 'b64_json' (this server keeps no image "
+                         f"URLs), got {fmt!r}")
+    method = body.get("method", default_method)
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; valid: {', '.join(METHODS)}")
+    seed = body.get("seed", 0)
+    if not (is_integer(seed) and 0 <= seed < 2**62):
+        raise ValueError(f"'seed' must be an integer in [0, 2**62), got {seed!r}")
+    window = body.get("window", "auto")
+    if window is None:
+        window = "auto"
+    allowed = RULE_DEFAULTS.get(method, {})
+    options = {}
+    for key in {k for opts in RULE_DEFAULTS.values() for k in opts}:
+        if key in body and body[key] is not None:
+            if key not in allowed:
+                raise ValueError(f"'{key}' is not an option of {method}")
+            options[key] = body[key]
+    sampling = {k: body.get(k) for k in ("temperature", "top_k", "top_p", "cfg_scale")}
+    for key, value in sampling.items():
+        if value is not None and not is_number(value):
+            raise ValueError(f"'{key}' must be a number, got {value!r}")
+    deadline = time.monotonic() + TIME_LIMIT_S
+    reqs = [Request(prompt=prompt, seed=int(seed) + i, method=method, window=window,
+                    options=options, deadline=deadline, **sampling) for i in range(n)]
+    return reqs, {"n": n}
+
+
+def create_app(engine: Engine):  # noqa: ANN201
+    from fastapi import FastAPI
+    from fastapi import Request as HTTPRequest
+
+    app = FastAPI(title="speculaas images API")
+
+    @app.get("/health")
+    def health() -> dict:
+        running = sum(r is not None for lane in engine.lanes.values() for r in lane.slots)
+        return {"status": "ok", "model": engine.model.name, "waiting": len(engine.waiting),
+                "running": running, "max_batch": engine.max_batch,
+                "queue_size": engine.queue_size}
+
+    @app.post("/v1/images/generations")
+    async def generations(request: HTTPRequest):  # noqa: ANN202
+        try:
+            try:
+                body = await request.json()
+            except (ValueError, UnicodeDecodeError):
+                raise ValueError("the request body is not valid JSON") from None
+            reqs, _ = parse(body)
+            for r in reqs:
+                if engine.model.name == "tiny" and r.prompt.strip().isdigit():
+                    r.prompt = int(r.prompt)  # the tiny model's prompts are class ids
+                engine.check(r)
+        except ValueError as e:
+            return _error(str(e), 400)
+        if len(engine.waiting) + len(reqs) > engine.queue_size:
+            return _error("the server's queue is full; try again in a few seconds", 503,
+                          "server_busy")
+        futures = []
+        try:
+            for r in reqs:
+                futures.append(asyncio.wrap_future(engine.submit(r)))
+        except QueueFull:
+            for r in reqs:
+                r.cancel()
+            return _error("the server's queue is full; try again in a few seconds", 503,
+                          "server_busy")
+        try:
+            pending = set(futures)
+            while pending:  # a client that leaves cancels its images
+                _, pending = await asyncio.wait(pending, timeout=0.25)
+                if pending and await request.is_disconnected():
+                    for r in reqs:
+                        r.cancel()
+            done = [f.result() for f in futures]
+        except Cancelled as e:
+            for r in reqs:
+                r.cancel()
+            return _error(f"stopped: {e}", 503, "server_busy")
+        except ValueError as e:
+            return _error(str(e), 400)
+        data, stats = [], []
+        for c in done:
+            buf = io.BytesIO()
+            c.image.save(buf, format="PNG")
+            data.append({"b64_json": base64.b64encode(buf.getvalue()).decode()})
+            n_tokens = len(c.tokens)
+            stats.append({"forward_passes": c.forward_passes,
+                          "step_compression": round(n_tokens / c.forward_passes, 3),
+                          "windows": {str(w): k for w, k in c.windows.items()},
+                          "queue_s": round(c.queue_s, 4), "decode_s": round(c.decode_s, 4),
+                          "mean_batch": round(c.mean_batch, 2)})
+        return {"created": int(time.time()), "data": data, "speculaas": stats}
+
+    return app
+
+
+def serve(model_name: str = "builtin", host: str = "127.0.0.1", port: int = 8000,
+          weights: str | None = None, max_batch: int = 8, queue_size: int = 64) -> None:
+    import uvicorn
+
+    from ..models import load_model
+
+    model = load_model(model_name, weights)
+    engine = Engine(model, max_batch=max_batch, queue_size=queue_size).start()
+    print(f"speculaas serve: {model.name} on http://{host}:{port}/v1 (max batch {max_batch}, "
+          f"queue {queue_size}); POST /v1/images/generations, GET /health", flush=True)
+    try:
+        uvicorn.run(create_app(engine), host=host, port=port, log_level="warning")
+    finally:
+        engine.stop()

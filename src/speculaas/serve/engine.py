@@ -1,0 +1,330 @@
+"""Continuous batching with speculation: requests join the running batch between iterations.
+
+The engine keeps one *lane* per decode setting (method, rule options, window, sampling), each a
+decoding loop (decoding/loop.py) over a session of `max_batch` rows. A request waits in a
+bounded queue until a row of its lane is free; the row is then prefilled with its prompt
+(`ImageModel.admit`) and its state restarted with the request's own random stream
+(`DecodeState.restart`: the noise key is drawn first, exactly as a decode of its own would), and
+from the next iteration on it advances with the others, by its own accepted length. A finished
+or cancelled request leaves its row at once; the row is free for the next one.
+
+What a request draws does not depend on who else is in the batch where the rule is
+sample-exact (sjd under Gumbel verification: AR's tokens for its seed, whatever the windows) or
+the window is fixed (every image's uniforms come from its own stream, one block per iteration).
+Under window="auto" the lane picks the window every iteration for the batch it has
+(`BatchWindow`: the measured cost curve at that batch size and the prior of what each window
+commits; plain one-token steps where no window pays), so a relaxed rule's sample may then depend
+on the batch, as it does across machines.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+from PIL import Image
+
+from ..api import build_rule, resolve_sampling
+from ..config import JacobiConfig
+from ..decoding.frontier import Raster
+from ..decoding.loop import Loop, measure_cost_curve
+from ..decoding.window import (
+    CANDIDATES,
+    PRIOR_TOKENS,
+    WindowPolicy,
+    _expected_max,
+    prior_tokens,
+)
+from ..models.base import ImageModel
+
+
+class QueueFull(RuntimeError):
+    """The engine's queue holds `queue_size` waiting requests already."""
+
+
+class Cancelled(RuntimeError):
+    """The request was cancelled (its client left, or its time ran out) before it finished."""
+
+
+@dataclass
+class Request:
+    """One image to generate. `options`: the rule's options (lam, delta, ...)."""
+
+    prompt: object
+    seed: int = 0
+    method: str = "sjd"
+    window: int | str = "auto"
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    cfg_scale: float | None = None
+    options: dict = field(default_factory=dict)
+    deadline: float | None = None  # time.monotonic() after which it is cancelled
+    future: Future = field(default_factory=Future)
+    submitted: float = field(default_factory=time.monotonic)
+    started: float | None = None
+    batch_sum: int = 0  # images in the batch, summed over the iterations it took part in
+    iterations: int = 0
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def lane_key(self) -> tuple:
+        return (self.method, tuple(sorted(self.options.items())), self.window,
+                self.temperature, self.top_k, self.top_p, self.cfg_scale)
+
+    def cancel(self) -> None:
+        """Leave the batch (or the queue) within one iteration."""
+        self.cancelled.set()
+
+
+@dataclass
+class Completion:
+    """A finished request: its tokens and image, and how it was decoded."""
+
+    tokens: torch.Tensor
+    image: Image.Image | None
+    forward_passes: int
+    windows: dict[int, int]
+    queue_s: float
+    decode_s: float
+    mean_batch: float
+
+
+class BatchWindow(WindowPolicy):
+    """window="auto" for a batch whose size changes every iteration: for each batch size b, the
+    window W maximising b E(W) / t_b(W) (E: the prior tokens per iteration, PRIOR_TOKENS; t_b:
+    the loop's measured cost curve at b images, measured at powers of two and used for the
+    sizes up to the next; a batch of b takes its slowest image's iterations, as in AutoWindow),
+    or W = 1 (a one-token step) where no window beats plain AR by `margin`."""
+
+    def __init__(self, table: list[int], max_window: int) -> None:
+        super().__init__(max_window)
+        self.table = table  # window per batch size 0 .. capacity
+        self._table: torch.Tensor | None = None
+
+    @classmethod
+    def measure(cls, model: ImageModel, rule, sampling, jacobi: JacobiConfig,  # noqa: ANN001
+                capacity: int, margin: float = 1.05, spread: float = 0.035) -> BatchWindow:
+        prior = PRIOR_TOKENS["lossless" if rule.exact else "relaxed"]
+        z = _expected_max(capacity, torch.device("cpu"))
+        table, curve = [1], None
+        sizes = sorted({min(1 << k, capacity) for k in range(capacity.bit_length() + 1)})
+        for b in range(1, capacity + 1):
+            at = next(s for s in sizes if s >= b)
+            if curve is None or curve[0] != at:
+                session = model.start([None] * at, cfg=sampling.uses_cfg)
+                curve = (at, measure_cost_curve(model, session, sampling, (0, *CANDIDATES),
+                                                rule, jacobi))
+            t = curve[1]
+            rates = {w: b * prior_tokens(prior, w) / t[w] / (1 + spread * w**0.5 * float(z[b]))
+                     for w in CANDIDATES}
+            best = max(rates, key=rates.get)
+            table.append(best if rates[best] > margin * b / t[0] else 1)
+        return cls(table, max(CANDIDATES))
+
+    def choose(self, active: torch.Tensor) -> torch.Tensor:
+        if self._table is None or self._table.device != active.device:
+            self._table = torch.tensor(self.table, device=active.device)
+        return self._table[active.sum()]
+
+
+class Lane:
+    """One decode setting's rows: a loop over a session of `capacity` rows."""
+
+    def __init__(self, model: ImageModel, req: Request, capacity: int) -> None:
+        self.model, self.capacity = model, capacity
+        self.rule = build_rule(model, req.method, **req.options)
+        if self.rule is None:  # plain AR is the sjd loop at window 1: the same tokens
+            self.rule = build_rule(model, "sjd")
+        self.sampling = resolve_sampling(model, req.temperature, req.top_k, req.top_p,
+                                         req.cfg_scale)
+        window = 1 if req.method == "ar" else req.window
+        jacobi = JacobiConfig(window=window if window != "auto" else max(CANDIDATES))
+        policy = (BatchWindow.measure(model, self.rule, self.sampling, jacobi, capacity)
+                  if window == "auto" else WindowPolicy(int(window)))
+        self.session = model.start([None] * capacity, cfg=self.sampling.uses_cfg)
+        gens = [torch.Generator(device=model.device).manual_seed(0) for _ in range(capacity)]
+        self.loop = Loop(model, self.session, self.rule, self.sampling, jacobi,
+                         Raster(model, policy), gens)
+        self.loop.state.retire(list(range(capacity)))
+        self.slots: list[Request | None] = [None] * capacity
+
+    def free(self) -> list[int]:
+        return [i for i, r in enumerate(self.slots) if r is None]
+
+    def busy(self) -> bool:
+        return any(r is not None for r in self.slots)
+
+    def admit(self, row: int, req: Request) -> None:
+        model, loop = self.model, self.loop
+        model.admit(self.session, [row], [req.prompt])
+        gen = torch.Generator(device=model.device).manual_seed(int(req.seed))
+        loop.state.restart([row], [gen])
+        fresh: dict[str, torch.Tensor] = {}  # the drafters' per-image memory of a new image
+        loop.init.begin(fresh, [gen], model.device)
+        loop.coupling.begin(fresh, [gen], model.device)
+        for key, value in fresh.items():
+            loop.state.memory[key][row] = value[0]
+        req.started = time.monotonic()
+        self.slots[row] = req
+
+    def drop(self, row: int) -> Request:
+        req, self.slots[row] = self.slots[row], None
+        self.loop.state.retire([row])
+        return req
+
+    def step(self) -> list[tuple[Request, Completion]]:
+        """One iteration of every image in the lane; -> the requests it finished."""
+        active = [r for r in self.slots if r is not None]
+        for r in active:
+            r.batch_sum += len(active)
+            r.iterations += 1
+        self.loop.step()
+        state = self.loop.state
+        done = (state.count >= state.length).tolist()
+        out = []
+        for row, req in enumerate(self.slots):
+            if req is None or not done[row]:
+                continue
+            tokens = state.tokens[row, : state.length].clone()
+            hist = state.window_hist[row].tolist()
+            image = self.model.decode(tokens[None])[0]
+            now = time.monotonic()
+            out.append((req, Completion(
+                tokens=self.model.layout.image_tokens(tokens[None])[0].cpu(), image=image,
+                forward_passes=int(state.forward_passes[row]),
+                windows={w: n for w, n in enumerate(hist) if n},
+                queue_s=req.started - req.submitted, decode_s=now - req.started,
+                mean_batch=req.batch_sum / max(req.iterations, 1))))
+            self.drop(row)
+        return out
+
+
+class Engine:
+    """Continuous batching over lanes (one per decode setting), `max_batch` images per lane.
+
+    submit() queues a request (QueueFull beyond `queue_size` waiting) and returns its Future;
+    a background thread (start()) or run_once() calls admit waiting requests where their lane
+    has a free row, drop cancelled or expired ones, and step every busy lane once."""
+
+    def __init__(self, model: ImageModel, max_batch: int = 8, queue_size: int = 64) -> None:
+        if max_batch < 1 or queue_size < 1:
+            raise ValueError(f"max_batch and queue_size must be >= 1, got {max_batch}, "
+                             f"{queue_size}")
+        self.model, self.max_batch, self.queue_size = model, max_batch, queue_size
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.lanes: dict[tuple, Lane] = {}
+        self.wake = threading.Condition()
+        self.thread: threading.Thread | None = None
+        self.running = False
+        self.batch_log: list[int] = []  # images stepped per iteration (all lanes)
+
+    def check(self, req: Request) -> None:
+        """The ValueError a request would meet (bad method, options, prompt) before queueing."""
+        self.model.check_prompts([req.prompt])
+        build_rule(self.model, req.method, **req.options)
+        resolve_sampling(self.model, req.temperature, req.top_k, req.top_p, req.cfg_scale)
+        JacobiConfig(window=req.window)
+
+    def submit(self, req: Request) -> Future:
+        self.check(req)
+        with self.wake:
+            if len(self.waiting) >= self.queue_size:
+                raise QueueFull(f"{len(self.waiting)} requests are waiting already")
+            self.waiting.append(req)
+            self.wake.notify()
+        return req.future
+
+    def _expired(self, req: Request, now: float) -> bool:
+        if req.cancelled.is_set():
+            req.future.set_exception(Cancelled("cancelled"))
+            return True
+        if req.deadline is not None and now > req.deadline:
+            req.future.set_exception(Cancelled("its time limit ran out"))
+            return True
+        return False
+
+    def run_once(self) -> bool:
+        """Admit, drop, step once. -> whether anything was running or waiting."""
+        now = time.monotonic()
+        for lane in self.lanes.values():  # first free the rows of cancelled requests
+            for row, req in enumerate(lane.slots):
+                if req is not None and self._expired(req, now):
+                    lane.drop(row)
+        with self.wake:
+            self.waiting = collections.deque(r for r in self.waiting
+                                             if not self._expired(r, now))
+            queue = list(self.waiting)
+        admitted = []
+        for req in queue:
+            key = req.lane_key()
+            lane = self.lanes.get(key)
+            if lane is None:
+                try:
+                    lane = self.lanes[key] = Lane(self.model, req, self.max_batch)
+                except ValueError as e:
+                    req.future.set_exception(e)
+                    admitted.append(req)
+                    continue
+            free = lane.free()
+            if free:
+                try:
+                    lane.admit(free[0], req)
+                except Exception as e:  # noqa: BLE001 - this request fails, the others go on
+                    lane.slots[free[0]] = req
+                    lane.drop(free[0])
+                    req.future.set_exception(e)
+                admitted.append(req)
+        with self.wake:
+            for req in admitted:
+                self.waiting.remove(req)
+        stepped = 0
+        for lane in self.lanes.values():
+            if not lane.busy():
+                continue
+            stepped += sum(r is not None for r in lane.slots)
+            for req, done in lane.step():
+                req.future.set_result(done)
+        if stepped:
+            self.batch_log.append(stepped)
+        return bool(stepped) or bool(self.waiting)
+
+    def _serve(self) -> None:
+        with torch.inference_mode():
+            while self.running:
+                try:
+                    busy = self.run_once()
+                except Exception as e:  # noqa: BLE001 - fail every request, keep serving
+                    self._fail_all(e)
+                    busy = False
+                if not busy:
+                    with self.wake:
+                        if self.running and not self.waiting:
+                            self.wake.wait(timeout=0.5)
+
+    def _fail_all(self, error: Exception) -> None:
+        for lane in self.lanes.values():
+            for row, req in enumerate(lane.slots):
+                if req is not None:
+                    lane.drop(row)
+                    req.future.set_exception(error)
+        self.lanes.clear()
+
+    def start(self) -> Engine:
+        if self.thread is None:
+            self.running = True
+            self.thread = threading.Thread(target=self._serve, name="speculaas-engine",
+                                           daemon=True)
+            self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.running = False
+        with self.wake:
+            self.wake.notify_all()
+        if self.thread is not None:
+            self.thread.join(timeout=30)
+            self.thread = None

@@ -1,0 +1,131 @@
+"""`speculaas serve` and its engine: continuous batching gives every request the image a solo
+generate() call gives its seed (sjd at any window; csd at a fixed one) while the batch changes
+under it; a cancelled request frees its row within one iteration; the OpenAI client talks to
+a live server on loopback; bad requests get 400, a full queue 503."""
+
+import base64
+import io
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from conftest import free_port
+from PIL import Image
+
+import speculaas as sp
+from speculaas.serve.engine import Cancelled, Engine, QueueFull, Request
+
+PROMPTS = [(3, 5), (None, 6), (7, 7), (1, 8), (2, 9), (0, 10)]
+
+
+@pytest.mark.parametrize("method,window,options", [
+    ("sjd", "auto", {}), ("sjd", 6, {}), ("csd", 4, {"delta": 0.8}), ("ar", "auto", {})])
+def test_requests_joining_mid_decode_draw_what_solo_calls_draw(tiny, method, window, options):
+    engine = Engine(tiny, max_batch=3)
+    reqs = [Request(prompt=p, seed=s, method=method, window=window, options=options)
+            for p, s in PROMPTS]
+    futures = [engine.submit(r) for r in reqs[:2]]
+    engine.run_once()
+    engine.run_once()
+    futures += [engine.submit(r) for r in reqs[2:]]  # three wait for a free row
+    while engine.run_once():
+        pass
+    assert len(set(engine.batch_log)) > 1 and max(engine.batch_log) == 3  # the batch changed
+    for r, f in zip(reqs, futures, strict=True):
+        solo = sp.generate(tiny, [r.prompt], method=method, seed=r.seed,
+                           window=None if method == "ar" else window, decode_images=False,
+                           **options)
+        done = f.result()
+        assert torch.equal(done.tokens, solo.tokens[0]), r
+        if window != "auto":
+            assert done.forward_passes == int(solo.forward_passes[0])
+    # the negative control: another seed draws another image
+    other = sp.generate(tiny, [reqs[0].prompt], method="ar", seed=99, decode_images=False)
+    assert not torch.equal(futures[0].result().tokens, other.tokens[0])
+
+
+def test_a_cancelled_request_frees_its_row_within_one_iteration(tiny):
+    engine = Engine(tiny, max_batch=2)
+    a, b, c = (Request(prompt=p, seed=s, window=2) for p, s in PROMPTS[:3])
+    fa, fb, fc = engine.submit(a), engine.submit(b), engine.submit(c)
+    engine.run_once()
+    a.cancel()
+    engine.run_once()  # a leaves, c takes its row in the same call
+    lane = next(iter(engine.lanes.values()))
+    assert c in lane.slots and a not in lane.slots
+    with pytest.raises(Cancelled):
+        fa.result()
+    while engine.run_once():
+        pass
+    assert fb.result().forward_passes > 0 and fc.result().forward_passes > 0
+
+
+def test_queue_and_bad_requests(tiny):
+    engine = Engine(tiny, max_batch=1, queue_size=2)
+    engine.submit(Request(prompt=1))
+    engine.submit(Request(prompt=2))
+    with pytest.raises(QueueFull):
+        engine.submit(Request(prompt=3))
+    with pytest.raises(ValueError, match="unknown method"):
+        engine.submit(Request(prompt=1, method="fast"))
+    with pytest.raises(ValueError, match="window"):
+        engine.submit(Request(prompt=1, window=0))
+    with pytest.raises(ValueError, match="cannot admit"):
+        Engine(sp.load_model("toy"), max_batch=1).run_once() or \
+            sp.load_model("toy").admit(None, [0], [None])
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "speculaas.cli", "serve", "--model", "tiny",
+                             "--port", str(port), "--max-batch", "4", "--queue", "3"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    import httpx
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    else:
+        proc.kill()
+        raise RuntimeError(proc.stdout.read())
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_the_openai_client_generates_an_image(server):
+    from openai import BadRequestError, OpenAI
+
+    client = OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
+    res = client.images.generate(model="tiny", prompt="3", n=2, response_format="b64_json",
+                                 extra_body={"seed": 4, "method": "sjd", "window": 6})
+    assert len(res.data) == 2
+    images = [Image.open(io.BytesIO(base64.b64decode(d.b64_json))) for d in res.data]
+    assert images[0].size == images[1].size and images[0].size[0] > 0
+    with pytest.raises(BadRequestError, match="unknown method"):
+        client.images.generate(model="tiny", prompt="3", extra_body={"method": "fast"})
+    with pytest.raises(BadRequestError, match="response_format"):
+        client.images.generate(model="tiny", prompt="3", response_format="url")
+
+
+def test_the_server_answers_400_and_503_and_keeps_serving(server):
+    import httpx
+
+    gen = f"{server}/v1/images/generations"
+    bad = httpx.post(gen, json={"prompt": "3", "n": 0})
+    assert bad.status_code == 400 and "'n'" in bad.json()["error"]["message"]
+    bad = httpx.post(gen, content=b"{not json", headers={"content-type": "application/json"})
+    assert bad.status_code == 400
+    full = httpx.post(gen, json={"prompt": "3", "n": 8})  # more than the queue of 3 takes
+    assert full.status_code == 503 and full.headers["retry-after"] == "5"
+    ok = httpx.post(gen, json={"prompt": "3", "seed": 1, "window": 4}, timeout=60)
+    assert ok.status_code == 200
+    stats = ok.json()["speculaas"][0]
+    assert stats["forward_passes"] > 0 and stats["windows"] == {"4": stats["forward_passes"]}
+    assert httpx.get(f"{server}/health").json()["status"] == "ok"
