@@ -1,0 +1,164 @@
+"""Serving under load: continuous batching against one request at a time, in one run.
+
+    python benchmarks/serve_load.py [--rates 0.5,2,8] [--requests 24] [--max-batch 8]
+        [--method sjd] [--window auto] [--model builtin] [--time-limit 300]
+
+For each server setting (`--max-batch N`: continuous batching; `--max-batch 1`: one request at
+a time, the same engine held to one row) a `speculaas serve` process on loopback, then for each
+arrival rate an open-loop client: requests at Poisson arrival times (exponential gaps, seeded),
+each on its own thread, bounded by --requests and --time-limit. Per (setting, rate): completed
+and failed requests, throughput (images per second over the span from the first arrival to the
+last answer), p50 / p95 / p99 latency (arrival to answer), mean batch the images were decoded
+in, and the windows chosen. Then a solo generate() call per prompt in this process as the
+reference latency of an idle server. Last line: JSON of every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+
+import httpx
+
+import speculaas as sp
+from speculaas.bench.prompts import load_prompts
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(model: str, max_batch: int) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "speculaas.cli", "serve", "--model", model,
+                             "--port", str(port), "--max-batch", str(max_batch),
+                             "--queue", "1000"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"the server did not start: {proc.stdout.read()}")
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
+
+
+def run_load(url: str, prompts: list, rate: float, n: int, body: dict, limit: float,
+             seed: int = 0) -> dict:
+    """Open loop: n requests at Poisson times of `rate` per second, each on its own thread."""
+    rng = random.Random(seed)
+    results: list[dict] = []
+    lock = threading.Lock()
+    t0 = time.perf_counter()
+
+    def one(i: int, at: float) -> None:
+        time.sleep(max(0.0, at - (time.perf_counter() - t0)))
+        start = time.perf_counter()
+        try:
+            r = httpx.post(f"{url}/v1/images/generations", timeout=limit,
+                           json={**body, "prompt": str(prompts[i % len(prompts)]), "seed": i})
+            ok = r.status_code == 200
+            stats = r.json()["speculaas"][0] if ok else None
+        except httpx.HTTPError:
+            ok, stats = False, None
+        with lock:
+            results.append({"ok": ok, "arrival": start - t0, "latency": time.perf_counter() - start,
+                            "stats": stats})
+
+    at, threads = 0.0, []
+    for i in range(n):
+        at += rng.expovariate(rate)
+        if at > limit:
+            break
+        th = threading.Thread(target=one, args=(i, at), daemon=True)
+        th.start()
+        threads.append(th)
+    for th in threads:
+        th.join(limit + 60)
+    done = [r for r in results if r["ok"]]
+    span = (max(r["arrival"] + r["latency"] for r in done) - min(r["arrival"] for r in done)
+            if done else float("nan"))
+    lat = [r["latency"] for r in done]
+    windows = Counter()
+    for r in done:
+        windows.update({int(w): k for w, k in r["stats"]["windows"].items()})
+    return {"rate": rate, "sent": len(results), "done": len(done),
+            "failed": len(results) - len(done),
+            "throughput": len(done) / span if done else 0.0,
+            "p50": _pct(lat, 0.5), "p95": _pct(lat, 0.95), "p99": _pct(lat, 0.99),
+            "mean_batch": statistics.mean(r["stats"]["mean_batch"] for r in done) if done
+            else float("nan"),
+            "windows": dict(sorted(windows.items()))}
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="builtin")
+    p.add_argument("--rates", default="0.5,2,8", help="arrivals per second")
+    p.add_argument("--requests", type=int, default=24, help="requests per rate")
+    p.add_argument("--max-batch", type=int, default=8)
+    p.add_argument("--method", default="sjd")
+    p.add_argument("--window", default="auto")
+    p.add_argument("--time-limit", type=float, default=300.0, help="seconds per rate")
+    args = p.parse_args(argv)
+    window = args.window if args.window == "auto" else int(args.window)
+    body = {"method": args.method, "window": window, "response_format": "b64_json"}
+    prompts = (load_prompts("builtin-set", 16, "builtin") if args.model == "builtin"
+               else list(range(10)))
+    rows = []
+    for max_batch in (args.max_batch, 1):
+        proc, url = _start(args.model, max_batch)
+        try:  # warm-up: the lane's cost curves, caches
+            httpx.post(f"{url}/v1/images/generations", timeout=args.time_limit,
+                       json={**body, "prompt": str(prompts[0]), "n": min(max_batch, 2)})
+            for rate in (float(r) for r in args.rates.split(",")):
+                row = {"max_batch": max_batch,
+                       **run_load(url, prompts, rate, args.requests, body, args.time_limit)}
+                rows.append(row)
+                print(f"max_batch {max_batch:2d}  rate {rate:5.2f}/s  done {row['done']:3d} "
+                      f"failed {row['failed']}  {row['throughput']:.2f} img/s  p50 "
+                      f"{row['p50']:.2f} s  p95 {row['p95']:.2f} s  p99 {row['p99']:.2f} s  "
+                      f"batch {row['mean_batch']:.2f}  windows {row['windows']}", flush=True)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    model = sp.load_model(args.model)
+    solo = []
+    for i, prompt in enumerate(prompts[:8]):
+        out = sp.generate(model, [prompt], method=args.method, seed=i, window=window)
+        solo.append(out.latency_s)
+    reference = {"solo_generate_p50": statistics.median(solo)}
+    print(f"solo generate(): median latency {reference['solo_generate_p50']:.2f} s per image")
+    print("| max batch | rate (/s) | done | failed | img/s | p50 (s) | p95 (s) | p99 (s) | "
+          "mean batch | windows |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['max_batch']} | {r['rate']} | {r['done']} | {r['failed']} | "
+              f"{r['throughput']:.2f} | {r['p50']:.2f} | {r['p95']:.2f} | {r['p99']:.2f} | "
+              f"{r['mean_batch']:.2f} | {r['windows']} |")
+    print(json.dumps({"rows": rows, **reference}))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
