@@ -50,3 +50,16 @@ def test_a_bad_value_touches_no_earlier_results(tmp_path):
         assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
         assert old.read_text() == '{"kept": true}\n'
     assert "delta must be in [0, 1]" in res.stderr
+
+
+def test_tree_variants_are_checked_before_the_run(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "b"
+    res = subprocess.run([sys.executable, "-m", "speculaas.cli", "bench", "--model", "tiny",
+                          "--prompts", "classes", "--limit", "1", "--seeds", "1",
+                          "--methods", "sjd:window=8:tree=3x3x10", "--out", str(out)],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "needs 14 slots" in res.stderr
+    assert not (out / "results.rank0.jsonl").exists()

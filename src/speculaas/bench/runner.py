@@ -218,7 +218,10 @@ def _check_variant(model, cfg: BenchConfig, v: Variant) -> None:  # noqa: ANN001
         resolve_sampling(model, **sampling)
         build_rule(model, v.method, **opts)
         if v.method != "ar":
-            JacobiConfig(**decoding)
+            jacobi = JacobiConfig(**decoding)
+            if jacobi.tree is not None:
+                from ..decoding.tree import check_tree
+                check_tree(jacobi.tree, model, jacobi.window)
     except ValueError as e:
         raise ValueError(f"variant {v.label}: {e}") from None
 
