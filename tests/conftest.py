@@ -64,8 +64,8 @@ def demo_url():
     from speculaas.demo.app import create_app
 
     port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(sp.load_model("builtin")), host="127.0.0.1",
-                                        port=port, log_level="warning"))
+    app = create_app(sp.load_model("builtin"))
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     deadline = time.time() + 30
@@ -75,6 +75,7 @@ def demo_url():
     yield f"http://127.0.0.1:{port}"
     srv.should_exit = True
     thread.join(timeout=10)
+    app.state.engine.stop()
 
 
 def assert_same_as_ar(model, prompts, windows=(1, 2, 16, 64, "auto"), seed=0, method="sjd",

@@ -77,3 +77,18 @@ def test_two_dimensional_window_through_the_page_api(demo_url):
     rows, ar = data["runs"]
     assert rows["method"] == "csd" and ar["method"] == "ar"
     assert rows["forward_passes"] < ar["forward_passes"] == 256
+
+
+def test_concurrent_users_decode_together_and_draw_their_own_images(demo_url):
+    """Requests in flight at once share the engine's batch, and each draws what it draws
+    alone (csd at a fixed window: its own random stream)."""
+    bodies = [{**GOOD, "seed": s} for s in (11, 12, 13)]
+    alone = [_post(demo_url, b)[1]["runs"][0] for b in bodies[:1]]
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        answers = [f.result(timeout=180)
+                   for f in [pool.submit(_post, demo_url, b) for b in bodies]]
+    assert all(status == 200 for status, _, _ in answers)
+    runs = [data["runs"][0] for _, data, _ in answers]
+    assert max(r["mean_batch"] for r in runs) > 1.0
+    assert runs[0]["image"] == alone[0]["image"]
+    assert runs[0]["forward_passes"] == alone[0]["forward_passes"]

@@ -3,9 +3,12 @@ seed) and shows where decoding sped up.
 
 A FastAPI app: GET / serves the page, GET /api/config the model's defaults and limits,
 POST /api/generate runs one request. Requests are validated before they queue (a bad one is
-answered 400 at once), generations run one at a time on a worker thread so the server keeps
-answering, at most `QUEUE_LIMIT` requests wait (the next gets 503 with Retry-After at once),
-work whose client has gone is cancelled, and every request has a time limit.
+answered 400 at once), generations of all users go to one continuous-batching engine
+(serve/engine.py: they decode together, each with its own seed) from worker threads so the
+server keeps answering (the two-dimensional window, which the engine does not run, one at a
+time beside it), at most `QUEUE_LIMIT` requests are in flight (the next gets 503 with
+Retry-After at once), work whose client has gone is cancelled, and every request has a time
+limit.
 """
 
 
@@ -31,7 +34,7 @@ from ..decoding.frontier_rows import check_row_context
 LIMITS = {"caption_chars": 300, "window": (1, 64), "row_context": (1, 64), "lam": (0.0, 10.0),
           "delta": (0.0, 1.0),
           "temperature": (0.05, 5.0), "cfg_scale": (0.0, 20.0), "seed": (0, 2**31 - 1)}
-QUEUE_LIMIT = 4  # one running + three waiting; more is answered 503 at once
+QUEUE_LIMIT = 4  # requests in flight (decoding together or waiting); more get 503 at once
 TIME_LIMIT_S = 60.0  # per request, queueing excluded
 
 
@@ -146,7 +149,44 @@ def _scale(cmap: str, vmin: float, vmax: float, stops: int = 6) -> dict:
     return {"colours": css, "min": vmin, "max": vmax}
 
 
-def run_request(model, req: dict, watch: _Watch | None = None) -> dict:  # noqa: ANN001
+def _run(model, caption, r: dict, watch: _Watch | None, engine=None) -> dict:  # noqa: ANN001
+    """One decode: through the shared engine (batched with other users' requests) where it can
+    take it, else a generate() call of its own (the two-dimensional window)."""
+    if engine is None or "row_context" in r:
+        out = generate(model, [caption], progress=watch or False, **r)
+        return {"image": out.images[0], "steps": out.commit_step[0], "entropy": out.entropy[0],
+                "forward_passes": int(out.forward_passes[0]), "tokens": out.tokens.shape[1],
+                "latency_s": out.latency_s, "mean_window": float(out.mean_window[0]),
+                "mean_batch": 1.0}
+    from ..serve.engine import Cancelled as EngineCancelled
+    from ..serve.engine import Request as EngineRequest
+
+    options = {k: r[k] for k in ("lam", "delta") if k in r}
+    req = EngineRequest(prompt=caption, seed=r["seed"], method=r["method"],
+                        window=r.get("window") or "auto", temperature=r["temperature"],
+                        cfg_scale=r["cfg_scale"], options=options,
+                        coupling=r.get("coupling", DEFAULT_COUPLING),
+                        draft_init=r.get("draft_init", DEFAULT_DRAFT_INIT),
+                        deadline=None if watch is None else watch.deadline)
+    future = engine.submit(req)
+    while True:
+        try:
+            done = future.result(timeout=0.25)
+            break
+        except TimeoutError:
+            if watch is not None and watch.stop.is_set():
+                req.cancel()
+        except EngineCancelled as e:
+            raise Cancelled(str(e)) from None
+    used = sum(done.windows.values())
+    return {"image": done.image, "steps": done.commit_step, "entropy": done.entropy,
+            "forward_passes": done.forward_passes, "tokens": len(done.tokens),
+            "latency_s": done.decode_s,
+            "mean_window": sum(w * n for w, n in done.windows.items()) / max(used, 1),
+            "mean_batch": done.mean_batch}
+
+
+def run_request(model, req: dict, watch: _Watch | None = None, engine=None) -> dict:  # noqa: ANN001
     caption, compare = req["caption"], req["compare"]
     args = {k: v for k, v in req.items() if k not in ("caption", "compare")}
     ar = {"method": "ar", "seed": args["seed"], "temperature": args["temperature"],
@@ -154,17 +194,16 @@ def run_request(model, req: dict, watch: _Watch | None = None) -> dict:  # noqa:
     runs = [args] + ([ar] if compare and args["method"] != "ar" else [])
     results = []
     for r in runs:
-        out = generate(model, [caption], progress=watch or False, **r)
-        steps = out.commit_step[0]
+        out = _run(model, caption, r, watch, engine)
+        steps = out["steps"]
         runs_map = run_lengths(steps[None])[0].numpy()
-        ent = out.entropy[0].numpy()
-        n = out.tokens.shape[1]
+        ent = out["entropy"].numpy()
         run_max, ent_max = max(int(runs_map.max()), 2), max(float(ent.max()), 1e-3)
         flat = steps.flatten()
         raster = bool((flat[1:] >= flat[:-1]).all())  # the order map then says nothing
         results.append({
             "method": r["method"],
-            "image": _png(out.images[0]),
+            "image": _png(out["image"]),
             "acceptance_map": _png(_heat(runs_map, 1, run_max, "viridis")),
             "acceptance_scale": _scale("viridis", 1, run_max),
             "entropy_map": _png(_heat(ent, 0, ent_max, "magma")),
@@ -172,11 +211,12 @@ def run_request(model, req: dict, watch: _Watch | None = None) -> dict:  # noqa:
             "order_map": None if raster else _png(
                 _heat(steps.numpy(), 0, max(int(steps.max()), 1), "cividis")),
             "order_scale": None if raster else _scale("cividis", 0, max(int(steps.max()), 1)),
-            "forward_passes": int(out.forward_passes[0]),
-            "tokens": n,
-            "step_compression": round(n / int(out.forward_passes[0]), 2),
-            "latency_s": round(out.latency_s, 3),
-            "mean_window": round(float(out.mean_window[0]), 1),
+            "forward_passes": out["forward_passes"],
+            "tokens": out["tokens"],
+            "step_compression": round(out["tokens"] / out["forward_passes"], 2),
+            "latency_s": round(out["latency_s"], 3),
+            "mean_window": round(out["mean_window"], 1),
+            "mean_batch": round(out["mean_batch"], 2),  # images decoded beside it, on average
             "max_run": int(runs_map.max()),
         })
     return {"runs": results}
@@ -186,15 +226,26 @@ def create_app(model):  # noqa: ANN001, ANN201
     from fastapi import FastAPI, Request
     from fastapi.responses import HTMLResponse, JSONResponse
 
+    from ..serve.engine import Engine
+
     app = FastAPI(title="speculaas demo")
-    worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speculaas-demo")
+    # Users' decodes share one continuous-batching engine (they batch together); the
+    # two-dimensional window runs outside it, one at a time.
+    engine = Engine(model, max_batch=QUEUE_LIMIT, queue_size=2 * QUEUE_LIMIT).start()
+    app.state.engine = engine  # serve() stops it when the server ends (a daemon thread)
+    worker = ThreadPoolExecutor(max_workers=QUEUE_LIMIT, thread_name_prefix="speculaas-demo")
+    alone = threading.Lock()
     waiting = {"n": 0}  # requests queued or running; touched only on the event loop
 
     def work(req: dict, stop: threading.Event) -> dict:
         if stop.is_set():  # the client left while the request waited
             raise Cancelled("the client left")
+        watch = _Watch(stop, time.monotonic() + TIME_LIMIT_S)
         with torch.inference_mode():
-            return run_request(model, req, _Watch(stop, time.monotonic() + TIME_LIMIT_S))
+            if "row_context" in req:
+                with alone:
+                    return run_request(model, req, watch)
+            return run_request(model, req, watch, engine)
 
     @app.get("/", response_class=HTMLResponse)
     def page() -> str:
@@ -259,4 +310,8 @@ def serve(model_name: str = "builtin", host: str = "127.0.0.1", port: int = 7860
     if model.name != "builtin":
         raise ValueError("the demo takes caption prompts; use --model builtin")
     print(f"speculaas demo on http://{host}:{port}")
-    uvicorn.run(create_app(model), host=host, port=port, log_level="warning")
+    app = create_app(model)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+    finally:
+        app.state.engine.stop()

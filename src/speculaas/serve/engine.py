@@ -29,7 +29,7 @@ import torch
 from PIL import Image
 
 from ..api import build_rule, resolve_sampling
-from ..config import JacobiConfig
+from ..config import DEFAULT_COUPLING, DEFAULT_DRAFT_INIT, JacobiConfig
 from ..decoding.frontier import Raster
 from ..decoding.loop import Loop, measure_cost_curve
 from ..decoding.window import (
@@ -63,17 +63,21 @@ class Request:
     top_p: float | None = None
     cfg_scale: float | None = None
     options: dict = field(default_factory=dict)
+    coupling: str = DEFAULT_COUPLING
+    draft_init: str = DEFAULT_DRAFT_INIT
     deadline: float | None = None  # time.monotonic() after which it is cancelled
     future: Future = field(default_factory=Future)
     submitted: float = field(default_factory=time.monotonic)
     started: float | None = None
     batch_sum: int = 0  # images in the batch, summed over the iterations it took part in
     iterations: int = 0
+    first_iteration: int = 0
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def lane_key(self) -> tuple:
         return (self.method, tuple(sorted(self.options.items())), self.window,
-                self.temperature, self.top_k, self.top_p, self.cfg_scale)
+                self.temperature, self.top_k, self.top_p, self.cfg_scale, self.coupling,
+                self.draft_init)
 
     def cancel(self) -> None:
         """Leave the batch (or the queue) within one iteration."""
@@ -82,7 +86,9 @@ class Request:
 
 @dataclass
 class Completion:
-    """A finished request: its tokens and image, and how it was decoded."""
+    """A finished request: its tokens and image, and how it was decoded (commit_step: the
+    iteration of its own decode that committed each token, [rows, cols]; entropy: the target
+    entropy there)."""
 
     tokens: torch.Tensor
     image: Image.Image | None
@@ -91,6 +97,8 @@ class Completion:
     queue_s: float
     decode_s: float
     mean_batch: float
+    commit_step: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
 
 
 class BatchWindow(WindowPolicy):
@@ -142,7 +150,8 @@ class Lane:
         self.sampling = resolve_sampling(model, req.temperature, req.top_k, req.top_p,
                                          req.cfg_scale)
         window = 1 if req.method == "ar" else req.window
-        jacobi = JacobiConfig(window=window if window != "auto" else max(CANDIDATES))
+        jacobi = JacobiConfig(window=window if window != "auto" else max(CANDIDATES),
+                              coupling=req.coupling, draft_init=req.draft_init)
         policy = (BatchWindow.measure(model, self.rule, self.sampling, jacobi, capacity)
                   if window == "auto" else WindowPolicy(int(window)))
         self.session = model.start([None] * capacity, cfg=self.sampling.uses_cfg)
@@ -169,6 +178,7 @@ class Lane:
         for key, value in fresh.items():
             loop.state.memory[key][row] = value[0]
         req.started = time.monotonic()
+        req.first_iteration = loop.state.iteration
         self.slots[row] = req
 
     def drop(self, row: int) -> Request:
@@ -190,6 +200,10 @@ class Lane:
             if req is None or not done[row]:
                 continue
             tokens = state.tokens[row, : state.length].clone()
+            lay = self.model.layout
+            grid = (lay.grid[0], lay.grid[1])
+            steps = lay.image_tokens(state.step[row : row + 1, : state.length])[0]
+            ent = lay.image_tokens(state.entropy[row : row + 1, : state.length])[0]
             hist = state.window_hist[row].tolist()
             image = self.model.decode(tokens[None])[0]
             now = time.monotonic()
@@ -198,7 +212,9 @@ class Lane:
                 forward_passes=int(state.forward_passes[row]),
                 windows={w: n for w, n in enumerate(hist) if n},
                 queue_s=req.started - req.submitted, decode_s=now - req.started,
-                mean_batch=req.batch_sum / max(req.iterations, 1))))
+                mean_batch=req.batch_sum / max(req.iterations, 1),
+                commit_step=(steps - req.first_iteration).reshape(grid).cpu(),
+                entropy=ent.reshape(grid).cpu())))
             self.drop(row)
         return out
 
@@ -227,7 +243,7 @@ class Engine:
         self.model.check_prompts([req.prompt])
         build_rule(self.model, req.method, **req.options)
         resolve_sampling(self.model, req.temperature, req.top_k, req.top_p, req.cfg_scale)
-        JacobiConfig(window=req.window)
+        JacobiConfig(window=req.window, coupling=req.coupling, draft_init=req.draft_init)
 
     def submit(self, req: Request) -> Future:
         self.check(req)
