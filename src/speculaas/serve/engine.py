@@ -104,34 +104,39 @@ class Completion:
 class BatchWindow(WindowPolicy):
     """window="auto" for a batch whose size changes every iteration: for each batch size b, the
     window W maximising b E(W) / t_b(W) (E: the prior tokens per iteration, PRIOR_TOKENS; t_b:
-    the loop's measured cost curve at b images, measured at powers of two and used for the
-    sizes up to the next; a batch of b takes its slowest image's iterations, as in AutoWindow),
-    or W = 1 (a one-token step) where no window beats plain AR by `margin`."""
+    the loop's measured cost curve at b images, measured at powers of two, each the first time
+    a batch of its sizes runs, and used for the sizes up to the next; a batch of b takes its
+    slowest image's iterations, as in AutoWindow), or W = 1 (a one-token step) where no window
+    beats plain AR by `margin`."""
 
-    def __init__(self, table: list[int], max_window: int) -> None:
-        super().__init__(max_window)
-        self.table = table  # window per batch size 0 .. capacity
+    def __init__(self, model: ImageModel, rule, sampling, jacobi: JacobiConfig,  # noqa: ANN001
+                 capacity: int, margin: float = 1.05, spread: float = 0.035) -> None:
+        super().__init__(max(CANDIDATES))
+        self.model, self.rule, self.sampling, self.jacobi = model, rule, sampling, jacobi
+        self.margin, self.spread = margin, spread
+        self.prior = PRIOR_TOKENS["lossless" if rule.exact else "relaxed"]
+        self.z = _expected_max(capacity, torch.device("cpu"))
+        self.buckets = sorted({min(1 << k, capacity) for k in range(capacity.bit_length() + 1)})
+        self.table = [1] * (capacity + 1)  # window per batch size 0 .. capacity
+        self.known: set[int] = set()
         self._table: torch.Tensor | None = None
 
-    @classmethod
-    def measure(cls, model: ImageModel, rule, sampling, jacobi: JacobiConfig,  # noqa: ANN001
-                capacity: int, margin: float = 1.05, spread: float = 0.035) -> BatchWindow:
-        prior = PRIOR_TOKENS["lossless" if rule.exact else "relaxed"]
-        z = _expected_max(capacity, torch.device("cpu"))
-        table, curve = [1], None
-        sizes = sorted({min(1 << k, capacity) for k in range(capacity.bit_length() + 1)})
-        for b in range(1, capacity + 1):
-            at = next(s for s in sizes if s >= b)
-            if curve is None or curve[0] != at:
-                session = model.start([None] * at, cfg=sampling.uses_cfg)
-                curve = (at, measure_cost_curve(model, session, sampling, (0, *CANDIDATES),
-                                                rule, jacobi))
-            t = curve[1]
-            rates = {w: b * prior_tokens(prior, w) / t[w] / (1 + spread * w**0.5 * float(z[b]))
-                     for w in CANDIDATES}
+    def ensure(self, batch: int) -> None:
+        """Measure the curve that batch size `batch` needs, if not yet (cached on disk too)."""
+        at = next(s for s in self.buckets if s >= batch)
+        if at in self.known:
+            return
+        session = self.model.start([None] * at, cfg=self.sampling.uses_cfg)
+        t = measure_cost_curve(self.model, session, self.sampling, (0, *CANDIDATES), self.rule,
+                               self.jacobi)
+        lower = max([s for s in self.buckets if s < at], default=0)
+        for b in range(lower + 1, at + 1):
+            straggle = {w: 1 + self.spread * w**0.5 * float(self.z[b]) for w in CANDIDATES}
+            rates = {w: b * prior_tokens(self.prior, w) / t[w] / straggle[w] for w in CANDIDATES}
             best = max(rates, key=rates.get)
-            table.append(best if rates[best] > margin * b / t[0] else 1)
-        return cls(table, max(CANDIDATES))
+            self.table[b] = best if rates[best] > self.margin * b / t[0] else 1
+        self.known.add(at)
+        self._table = None
 
     def choose(self, active: torch.Tensor) -> torch.Tensor:
         if self._table is None or self._table.device != active.device:
@@ -152,8 +157,9 @@ class Lane:
         window = 1 if req.method == "ar" else req.window
         jacobi = JacobiConfig(window=window if window != "auto" else max(CANDIDATES),
                               coupling=req.coupling, draft_init=req.draft_init)
-        policy = (BatchWindow.measure(model, self.rule, self.sampling, jacobi, capacity)
+        policy = (BatchWindow(model, self.rule, self.sampling, jacobi, capacity)
                   if window == "auto" else WindowPolicy(int(window)))
+        self.policy = policy
         self.session = model.start([None] * capacity, cfg=self.sampling.uses_cfg)
         gens = [torch.Generator(device=model.device).manual_seed(0) for _ in range(capacity)]
         self.loop = Loop(model, self.session, self.rule, self.sampling, jacobi,
@@ -192,6 +198,8 @@ class Lane:
         for r in active:
             r.batch_sum += len(active)
             r.iterations += 1
+        if isinstance(self.policy, BatchWindow):
+            self.policy.ensure(len(active))
         self.loop.step()
         state = self.loop.state
         done = (state.count >= state.length).tolist()
