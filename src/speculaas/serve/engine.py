@@ -72,6 +72,7 @@ class Request:
     batch_sum: int = 0  # images in the batch, summed over the iterations it took part in
     iterations: int = 0
     first_iteration: int = 0
+    calibration_s: float = 0.0
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def lane_key(self) -> tuple:
@@ -198,8 +199,11 @@ class Lane:
         for r in active:
             r.batch_sum += len(active)
             r.iterations += 1
-        if isinstance(self.policy, BatchWindow):
+        if isinstance(self.policy, BatchWindow):  # a first batch of this size: time the windows
+            t0 = time.monotonic()
             self.policy.ensure(len(active))
+            for r in active:  # left out of decode_s, as generate() leaves it out of latency_s
+                r.calibration_s += time.monotonic() - t0
         self.loop.step()
         state = self.loop.state
         done = (state.count >= state.length).tolist()
@@ -219,7 +223,8 @@ class Lane:
                 tokens=self.model.layout.image_tokens(tokens[None])[0].cpu(), image=image,
                 forward_passes=int(state.forward_passes[row]),
                 windows={w: n for w, n in enumerate(hist) if n},
-                queue_s=req.started - req.submitted, decode_s=now - req.started,
+                queue_s=req.started - req.submitted,
+                decode_s=now - req.started - req.calibration_s,
                 mean_batch=req.batch_sum / max(req.iterations, 1),
                 commit_step=(steps - req.first_iteration).reshape(grid).cpu(),
                 entropy=ent.reshape(grid).cpu())))
