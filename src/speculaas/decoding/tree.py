@@ -166,12 +166,13 @@ def check_tree(tree: tuple[int, int, int | None], model: ImageModel, window: obj
 
 # Widths (slots per image per forward) at which window="auto" weighs a tree against the chain,
 # and the prior committed tokens per iteration of a tree there: sjd (lossless) and csd at
-# delta 0.65 (relaxed) with the default tree (4, 6) at half the width, on built-in captions no
-# benchmark uses (`python benchmarks/trees.py --prior`).
+# delta 0.65 (relaxed) with the default tree (4, 6) at half the width, on 16 built-in captions
+# no benchmark uses x 2 seeds (`python benchmarks/window_prior.py --tree 4,6`,
+# docs/trees/tree_prior.log).
 TREE_WIDTHS = (32, 64, 128)
 TREE_PRIOR_TOKENS = {
-    "lossless": {32: 3.2, 64: 3.64, 128: 3.86},
-    "relaxed": {32: 4.5, 64: 4.8, 128: 5.0},
+    "lossless": {32: 3.37, 64: 3.82, 128: 4.0},
+    "relaxed": {32: 4.04, 64: 4.88, 128: 5.09},
 }
 
 
