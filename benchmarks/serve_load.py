@@ -9,8 +9,11 @@ arrival rate an open-loop client: requests at Poisson arrival times (exponential
 each on its own thread, bounded by --requests and --time-limit. Per (setting, rate): completed
 and failed requests, throughput (images per second over the span from the first arrival to the
 last answer), p50 / p95 / p99 latency (arrival to answer), mean batch the images were decoded
-in, and the windows chosen. Then a solo generate() call per prompt in this process as the
-reference latency of an idle server. Last line: JSON of every row.
+in, and the windows chosen. Also the latency of requests sent one at a time, back to back, to
+the continuous-batching server, against a solo generate() call per prompt in this process
+(the reference latency of an idle server). Warm-up requests of n = 8, 4, 2, 1 images first
+measure the lane's cost curve at every batch size (cached on disk afterwards). Last line: JSON
+of every row.
 """
 
 from __future__ import annotations
@@ -125,12 +128,23 @@ def main(argv: list[str] | None = None) -> list[dict]:
     body = {"method": args.method, "window": window, "response_format": "b64_json"}
     prompts = (load_prompts("builtin-set", 16, "builtin") if args.model == "builtin"
                else list(range(10)))
-    rows = []
+    rows, idle_p50 = [], float("nan")
     for max_batch in (args.max_batch, 1):
         proc, url = _start(args.model, max_batch)
-        try:  # warm-up: the lane's cost curves, caches
-            httpx.post(f"{url}/v1/images/generations", timeout=args.time_limit,
-                       json={**body, "prompt": str(prompts[0]), "n": min(max_batch, 2)})
+        try:  # warm-up: caches, and the lane's cost curve at every batch size it will see
+            for n in sorted({min(max_batch, k) for k in (8, 4, 2, 1)}, reverse=True):
+                httpx.post(f"{url}/v1/images/generations", timeout=args.time_limit,
+                           json={**body, "prompt": str(prompts[0]), "n": n})
+            if max_batch == args.max_batch:  # one request at a time, back to back
+                idle = []
+                for i, prompt in enumerate(prompts[:8]):
+                    t0 = time.perf_counter()
+                    httpx.post(f"{url}/v1/images/generations", timeout=args.time_limit,
+                               json={**body, "prompt": str(prompt), "seed": i})
+                    idle.append(time.perf_counter() - t0)
+                idle_p50 = statistics.median(idle)
+                print(f"one request at a time (back to back): median latency {idle_p50:.2f} s",
+                      flush=True)
             for rate in (float(r) for r in args.rates.split(",")):
                 row = {"max_batch": max_batch,
                        **run_load(url, prompts, rate, args.requests, body, args.time_limit)}
@@ -147,8 +161,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for i, prompt in enumerate(prompts[:8]):
         out = sp.generate(model, [prompt], method=args.method, seed=i, window=window)
         solo.append(out.latency_s)
-    reference = {"solo_generate_p50": statistics.median(solo)}
-    print(f"solo generate(): median latency {reference['solo_generate_p50']:.2f} s per image")
+    reference = {"solo_generate_p50": statistics.median(solo), "server_idle_p50": idle_p50}
+    print(f"solo generate(): median latency {reference['solo_generate_p50']:.2f} s per image; "
+          f"the server with one request at a time: {idle_p50:.2f} s "
+          f"({idle_p50 / reference['solo_generate_p50']:.2f}x)")
     print("| max batch | rate (/s) | done | failed | img/s | p50 (s) | p95 (s) | p99 (s) | "
           "mean batch | windows |")
     print("|---|---|---|---|---|---|---|---|---|---|")
