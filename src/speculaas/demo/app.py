@@ -222,7 +222,9 @@ def run_request(model, req: dict, watch: _Watch | None = None, engine=None) -> d
     return {"runs": results}
 
 
-def create_app(model):  # noqa: ANN001, ANN201
+def create_app(model, engine=None):  # noqa: ANN001, ANN201
+    """The demo's app; `engine`: the serving engine its users share (None: one of its own on a
+    background thread; `serve` runs it on the main thread instead)."""
     from fastapi import FastAPI, Request
     from fastapi.responses import HTMLResponse, JSONResponse
 
@@ -231,8 +233,9 @@ def create_app(model):  # noqa: ANN001, ANN201
     app = FastAPI(title="speculaas demo")
     # Users' decodes share one continuous-batching engine (they batch together); the
     # two-dimensional window runs outside it, one at a time.
-    engine = Engine(model, max_batch=QUEUE_LIMIT, queue_size=2 * QUEUE_LIMIT).start()
-    app.state.engine = engine  # serve() stops it when the server ends (a daemon thread)
+    if engine is None:
+        engine = Engine(model, max_batch=QUEUE_LIMIT, queue_size=2 * QUEUE_LIMIT).start()
+    app.state.engine = engine
     worker = ThreadPoolExecutor(max_workers=QUEUE_LIMIT, thread_name_prefix="speculaas-demo")
     alone = threading.Lock()
     waiting = {"n": 0}  # requests queued or running; touched only on the event loop
@@ -302,16 +305,13 @@ def create_app(model):  # noqa: ANN001, ANN201
 
 def serve(model_name: str = "builtin", host: str = "127.0.0.1", port: int = 7860,
           weights: str | None = None) -> None:
-    import uvicorn
-
     from ..models import load_model
+    from ..serve.app import run_beside
+    from ..serve.engine import Engine
 
     model = load_model(model_name, weights)
     if model.name != "builtin":
         raise ValueError("the demo takes caption prompts; use --model builtin")
-    print(f"speculaas demo on http://{host}:{port}")
-    app = create_app(model)
-    try:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
-    finally:
-        app.state.engine.stop()
+    engine = Engine(model, max_batch=QUEUE_LIMIT, queue_size=2 * QUEUE_LIMIT)
+    run_beside(engine, create_app(model, engine), host, port,
+               banner=f"speculaas demo on http://{host}:{port}")

@@ -158,15 +158,36 @@ def create_app(engine: Engine):  # noqa: ANN201
 
 def serve(model_name: str = "builtin", host: str = "127.0.0.1", port: int = 8000,
           weights: str | None = None, max_batch: int = 8, queue_size: int = 64) -> None:
-    import uvicorn
-
     from ..models import load_model
 
     model = load_model(model_name, weights)
-    engine = Engine(model, max_batch=max_batch, queue_size=queue_size).start()
-    print(f"speculaas serve: {model.name} on http://{host}:{port}/v1 (max batch {max_batch}, "
-          f"queue {queue_size}); POST /v1/images/generations, GET /health", flush=True)
+    engine = Engine(model, max_batch=max_batch, queue_size=queue_size)
+    run_beside(engine, create_app(engine), host, port)
+
+
+def run_beside(engine: Engine, app, host: str, port: int, banner: str | None = None,  # noqa: ANN001
+               ) -> None:
+    """The HTTP server on a thread, the engine on this (the main) thread, until Ctrl-C or the
+    server stops (Engine.serve_forever says why the engine takes the main thread); uvicorn
+    leaves signals alone off the main thread, so Ctrl-C interrupts the engine here."""
+    import threading
+
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="speculaas-http", daemon=True)
+    thread.start()
+    while not server.started and thread.is_alive():
+        time.sleep(0.05)
+    if not thread.is_alive():
+        raise ValueError(f"could not serve on {host}:{port} (in use?)")
+    print(banner or f"speculaas serve: {engine.model.name} on http://{host}:{port}/v1 (max "
+          f"batch {engine.max_batch}, queue {engine.queue_size}); POST /v1/images/generations, "
+          "GET /health", flush=True)
+    watcher = threading.Thread(target=lambda: (thread.join(), engine.stop()), daemon=True)
+    watcher.start()
     try:
-        uvicorn.run(create_app(engine), host=host, port=port, log_level="warning")
+        engine.serve_forever()
     finally:
-        engine.stop()
+        server.should_exit = True
+        thread.join(timeout=10)
