@@ -13,10 +13,41 @@ def test_readme_has_python_blocks():
     assert BLOCKS
 
 
+SERVER = "http://127.0.0.1:8000/v1"
+
+
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
 def test_readme_python_block_runs(index, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    exec(compile(BLOCKS[index], f"README.md python block {index}", "exec"), {})
+    code = BLOCKS[index]
+    if SERVER not in code:
+        exec(compile(code, f"README.md python block {index}", "exec"), {})
+        return
+    # The client snippet talks to `speculaas serve` as the README starts it (on a free port).
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+    from conftest import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "speculaas.cli", "serve", "--port",
+                             str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        scope = {}
+        exec(compile(code.replace(SERVER, f"http://127.0.0.1:{port}/v1"),
+                     f"README.md python block {index}", "exec"), scope)
+        assert len(scope["res"].data) == 2
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def test_ci_runs_the_readme_test_command():
