@@ -96,12 +96,13 @@ def main(argv: list[str] | None = None) -> dict:
                     times[i].append(out.latency_s)
                     fwd[i].append(out.forward_passes.float().mean().item())
                     mean_window[i].append(out.mean_window.float().mean().item())
-                    if curve is not None:  # the batch takes its slowest image's forwards
+                    if curve is not None and method == "ar":
+                        modelled[i].append(1.0)
+                    elif curve is not None:  # the batch takes its slowest image's forwards
                         slowest = int(out.forward_passes.argmax())
                         ar_step = curve.get(0, curve.get(1))
-                        modelled[i].append(model.layout.length * ar_step / modelled_seconds(
-                            curve, out.windows[slowest] if method != "ar" else {1: 1}
-                            ) if method != "ar" else 1.0)
+                        modelled[i].append(model.layout.length * ar_step
+                                           / modelled_seconds(curve, out.windows[slowest]))
         n_tokens = model.layout.grid[0] * model.layout.grid[1]
         for i, (method, o, w) in enumerate(variants):
             med = statistics.median(times[i])

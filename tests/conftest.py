@@ -1,3 +1,4 @@
+import contextlib
 import os
 import tempfile
 
@@ -50,6 +51,38 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve_process(*args: str, wait_s: float = 60.0):
+    """`speculaas serve ARGS` on a free loopback port: yields its base URL once /health answers
+    (the server's output in the error if it never does); terminated on exit."""
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "speculaas.cli", "serve", "--port", str(port),
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    proc.kill()
+                    raise RuntimeError(f"speculaas serve did not start: {proc.stdout.read()}") \
+                        from None
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")

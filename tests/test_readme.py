@@ -24,30 +24,13 @@ def test_readme_python_block_runs(index, tmp_path, monkeypatch):
         exec(compile(code, f"README.md python block {index}", "exec"), {})
         return
     # The client snippet talks to `speculaas serve` as the README starts it (on a free port).
-    import subprocess
-    import sys
-    import time
+    from conftest import serve_process
 
-    import httpx
-    from conftest import free_port
-
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "speculaas.cli", "serve", "--port",
-                             str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        for _ in range(600):
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+    with serve_process() as url:
         scope = {}
-        exec(compile(code.replace(SERVER, f"http://127.0.0.1:{port}/v1"),
-                     f"README.md python block {index}", "exec"), scope)
+        exec(compile(code.replace(SERVER, f"{url}/v1"), f"README.md python block {index}",
+                     "exec"), scope)
         assert len(scope["res"].data) == 2
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_ci_runs_the_readme_test_command():

@@ -5,13 +5,10 @@ a live server on loopback; bad requests get 400, a full queue 503."""
 
 import base64
 import io
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
-from conftest import free_port
+from conftest import serve_process
 from PIL import Image
 
 import speculaas as sp
@@ -73,30 +70,13 @@ def test_queue_and_bad_requests(tiny):
     with pytest.raises(ValueError, match="window"):
         engine.submit(Request(prompt=1, window=0))
     with pytest.raises(ValueError, match="cannot admit"):
-        Engine(sp.load_model("toy"), max_batch=1).run_once() or \
-            sp.load_model("toy").admit(None, [0], [None])
+        sp.load_model("toy").admit(None, [0], [None])
 
 
 @pytest.fixture(scope="module")
 def server():
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "speculaas.cli", "serve", "--model", "tiny",
-                             "--port", str(port), "--max-batch", "4", "--queue", "3"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    import httpx
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    else:
-        proc.kill()
-        raise RuntimeError(proc.stdout.read())
-    yield url
-    proc.terminate()
-    proc.wait(timeout=30)
+    with serve_process("--model", "tiny", "--max-batch", "4", "--queue", "3") as url:
+        yield url
 
 
 def test_the_openai_client_generates_an_image(server):

@@ -104,7 +104,7 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
              cfg_scale: float | None = None,
              draft_init: str = DEFAULT_DRAFT_INIT, coupling: str = DEFAULT_COUPLING,
              advance: str = "per_image", row_context: int | None = None,
-             verify: str = "gumbel", tree: tuple[int, int] | str | None = None,
+             verify: str = "gumbel", tree: tuple | str | None = None,
              progress=False, max_batch: int = 32,
              decode_images: bool = True, profile: bool = False, **options) -> GenerationOutput:
     """Generate one image per prompt with `method` (see METHODS); method options by name
@@ -119,10 +119,11 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
     min(1, target/draft) test (JacobiConfig).
     row_context=c: the two-dimensional window (several rows in flight; not lossless), for
     models whose adapters take a row-causal mask (builtin, tiny, llamagen).
-    tree=(K, D): K candidate tokens at each of the first D positions of every window, verified
-    in the same forward under a tree attention mask (decoding/tree.py); `window` is then the
-    width budget per image and forward, the tree's slots included (default 64). Same models as
-    row_context; every rule keeps its law."""
+    tree=(K, D) or (K, D, N): K candidate tokens at each of up to D positions at the head of
+    every window, N off-chain nodes, verified in the same forward under a tree attention mask
+    (decoding/tree.py); `window` is then the width budget per image and forward, the tree's
+    slots included ("auto": a tree width only where the cost curve says the tree pays, else the
+    chain). Same models as row_context; every rule keeps its law."""
     if not isinstance(prompts, (list, tuple)):
         prompts = [prompts]
     if len(prompts) == 0:

@@ -199,8 +199,8 @@ def _pairs(s: dict) -> str:
 
 def render_table(summary: dict) -> str:
     head = ("| variant | images | fwd passes | step compr. | drafts/fwd | latency med (s) | "
-            "speed-up (pairs: median [IQR]) | rule % | peak MB | fidelity | FID rend. | FID vs AR | KIDx1e3 vs AR "
-            "| drafted Q1..Q5 (smooth..detailed) |")
+            "speed-up (pairs: median [IQR]) | rule % | peak MB | fidelity | FID rend. | "
+            "FID vs AR | KIDx1e3 vs AR | drafted Q1..Q5 (smooth..detailed) |")
     modelled = any("modelled_speedup" in s for s in summary["variants"].values())
     if modelled:  # --cost-curve: the speed-up on that curve (e.g. a GPU's)
         head += " modelled speed-up |"

@@ -168,9 +168,6 @@ def item_settings(cfg: BenchConfig, model, v: Variant, prompt) -> dict:  # noqa:
     from ..api import resolve_sampling
 
     opts = _decode_options(cfg, v)
-    if hasattr(opts.get("window"), "max_window"):  # auto on the run's cost curve
-        opts["window"] = {"auto on cost curve": {str(w): t for w, t in
-                                                 sorted(cfg.cost_curve.items())}}
     sampling = resolve_sampling(model, opts.get("temperature"), opts.get("top_k"),
                                 opts.get("top_p"), opts.get("cfg_scale"))
     return {"model": cfg.model, "weights": cfg.weights,
@@ -178,6 +175,9 @@ def item_settings(cfg: BenchConfig, model, v: Variant, prompt) -> dict:  # noqa:
             "options": {k: v for k, v in sorted(opts.items())}, "sampling": vars(sampling),
             "prompt": prompt if isinstance(prompt, (str, int, type(None))) else repr(prompt),
             "model_options": {k: str(x) for k, x in sorted(cfg.model_options.items())},
+            # window="auto" chooses from a given curve (_generate_options)
+            **({"cost_curve": {str(w): t for w, t in sorted(cfg.cost_curve.items())}}
+               if _auto_on_curve(cfg, v, opts) else {}),
             "version": __version__}
 
 
@@ -193,14 +193,23 @@ def _peak_memory_mb(device: torch.device) -> float:
 
 
 def _decode_options(cfg: BenchConfig, v: Variant) -> dict:
-    """A variant's options over the run's defaults: `csd:window=32:coupling=maximal` works.
-    With a cost curve given, window="auto" chooses from that curve."""
-    opts = {"window": cfg.window, **v.options}
-    if cfg.cost_curve is not None and opts["window"] in (None, "auto") \
-            and opts.get("row_context") is None and v.method != "ar":
+    """A variant's options over the run's defaults: `csd:window=32:coupling=maximal` works."""
+    return {"window": cfg.window, **v.options}
+
+
+def _generate_options(cfg: BenchConfig, v: Variant) -> dict:
+    """What generate() gets for a variant: its options, with window="auto" choosing from the
+    run's cost curve where one is given (--cost-curve)."""
+    opts = _decode_options(cfg, v)
+    if _auto_on_curve(cfg, v, opts):
         from ..decoding.window import AutoWindow
         opts["window"] = AutoWindow(cost=cfg.cost_curve)
     return opts
+
+
+def _auto_on_curve(cfg: BenchConfig, v: Variant, opts: dict) -> bool:
+    return (cfg.cost_curve is not None and opts["window"] in (None, "auto")
+            and opts.get("row_context") is None and v.method != "ar")
 
 
 def _check_variant(model, cfg: BenchConfig, v: Variant) -> None:  # noqa: ANN001
@@ -212,8 +221,6 @@ def _check_variant(model, cfg: BenchConfig, v: Variant) -> None:  # noqa: ANN001
     sampling = {k: opts.pop(k) for k in ("temperature", "top_k", "top_p", "cfg_scale")
                 if k in opts}
     decoding = {k: opts.pop(k) for k in DECODE_OPTIONS if k in opts}
-    if hasattr(decoding.get("window"), "max_window"):  # a policy on the run's cost curve
-        decoding["window"] = "auto"
     try:
         resolve_sampling(model, **sampling)
         build_rule(model, v.method, **opts)
@@ -289,7 +296,7 @@ def _run(cfg: BenchConfig, state) -> dict | None:  # noqa: ANN001
             t0 = time.perf_counter()
             for v in cfg.variants:  # one unrecorded image per variant: caches, allocator, JIT
                 generate(model, [prompts[0]], method=v.method, seed=0, decode_images=False,
-                         **_decode_options(cfg, v))
+                         **_generate_options(cfg, v))
             per_image = (time.perf_counter() - t0) / len(cfg.variants)
             say(f"{len(todo)} images to run on this process, about "
                 f"{len(todo) * per_image / 60:.1f} min at {per_image:.2f} s per image", flush=True)
@@ -299,7 +306,7 @@ def _run(cfg: BenchConfig, state) -> dict | None:  # noqa: ANN001
             for v, i, s in bar:
                 seed = 1000 * i + s  # per (prompt, seed) item: independent of sharding
                 out = generate(model, [prompts[i]], method=v.method, seed=seed,
-                               decode_images=False, profile=True, **_decode_options(cfg, v))
+                               decode_images=False, profile=True, **_generate_options(cfg, v))
                 row = {
                     "variant": v.label, "method": v.method, "options": v.options,
                     "settings": settings[(v.label, i)], "mean_window": float(out.mean_window[0]),

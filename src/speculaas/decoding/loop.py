@@ -49,7 +49,7 @@ class Loop:
         vocab, dev, length = model.vocab_size, model.device, model.layout.length
         self.init = FRESH_INITS[jacobi.draft_init](vocab, length // model.layout.grid[0])
         self.coupling = COUPLINGS[jacobi.coupling](vocab)
-        self.gumbel = jacobi.verify == "gumbel" and rule.exact
+        self.gumbel = gumbel_verification(jacobi, rule)
         self.needs_noise = self.gumbel or self.coupling.needs_noise
         self.state = self.new_state(generators)
         self.finite = torch.ones((), dtype=torch.bool, device=dev)
@@ -70,6 +70,17 @@ class Loop:
         self.init.begin(state.memory, generators, m.device)
         self.coupling.begin(state.memory, generators, m.device)
         return state
+
+    def restart(self, rows: list[int], generators: list[torch.Generator]) -> None:
+        """Continuous batching: rows `rows` start new images with these random streams
+        (DecodeState.restart), with the drafters' memory of a fresh image."""
+        self.state.restart(rows, generators)
+        fresh: dict[str, torch.Tensor] = {}
+        self.init.begin(fresh, generators, self.model.device)
+        self.coupling.begin(fresh, generators, self.model.device)
+        idx = torch.tensor(rows, device=self.model.device)
+        for key, value in fresh.items():
+            self.state.memory[key][idx] = value
 
     def check(self, host_flag: int) -> None:
         if not host_flag:
@@ -134,6 +145,11 @@ class Loop:
         return self.state.result()
 
 
+def gumbel_verification(jacobi: JacobiConfig, rule: AcceptanceRule) -> bool:
+    """Whether a decode verifies by Gumbel argmax (asked for, and the rule is exact)."""
+    return jacobi.verify == "gumbel" and rule.exact
+
+
 def _onehot(tokens: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.one_hot(tokens.clamp(min=0), like.shape[-1]).to(like.dtype)
 
@@ -145,10 +161,6 @@ def decode(model: ImageModel, session: Session, rule: AcceptanceRule, sampling: 
     """Speculative Jacobi decoding of a batch; jacobi.row_context picks the frontier (raster
     order under a window policy, or several rows at once). A policy that would never speculate
     decodes plain AR."""
-    if jacobi.row_context is not None:
-        frontier: Frontier = Rows(model, int(jacobi.window), int(jacobi.row_context))
-    else:
-        policy = make_policy(jacobi.window) if policy is None else policy
     spent = 0.0
 
     def measure(windows: tuple[int, ...], tree: tuple | None = None) -> dict[int, float]:
@@ -158,13 +170,16 @@ def decode(model: ImageModel, session: Session, rule: AcceptanceRule, sampling: 
         spent += time.perf_counter() - t0
         return curve
 
-    if jacobi.row_context is None:
+    if jacobi.row_context is not None:
+        frontier: Frontier = Rows(model, int(jacobi.window), int(jacobi.row_context))
+    else:
+        policy = make_policy(jacobi.window) if policy is None else policy
         if jacobi.tree is not None and isinstance(policy, AutoWindow):
             width = tree_width(policy, jacobi.tree, session.batch_size, rule.exact, measure)
             policy = policy if width is None else WindowPolicy(width)
         if jacobi.tree is not None and not isinstance(policy, AutoWindow):
             frontier = Tree(model, policy, jacobi.tree, rule, sampling,
-                            gumbel=jacobi.verify == "gumbel" and rule.exact)
+                            gumbel_verification(jacobi, rule))
         else:
             frontier = Raster(model, policy, batch_min=jacobi.advance == "batch_min")
     loop = Loop(model, session, rule, sampling, jacobi, frontier, generators, progress, profile)
@@ -213,7 +228,7 @@ def measure_cost_curve(model: ImageModel, session: Session, sampling: SamplingCo
             if tree is None:
                 return Raster(model, WindowPolicy(w))
             return Tree(model, WindowPolicy(w), tree, rule, sampling,
-                        gumbel=jacobi.verify == "gumbel" and rule.exact)
+                        gumbel_verification(jacobi, rule))
 
         loops = {w: Loop(model, session, rule, sampling, jacobi, frontier(w), gens)
                  for w in todo if w}
@@ -237,7 +252,7 @@ def measure_cost_curve(model: ImageModel, session: Session, sampling: SamplingCo
     # What else changes the cost: top-k / top-p work over the vocabulary, the prompt's length
     # (attention over it; bucketed by powers of two).
     context = session.context_length()
-    verify = "gumbel" if rule.exact and jacobi.verify == "gumbel" else "ratio"
+    verify = "gumbel" if gumbel_verification(jacobi, rule) else "ratio"
     tag = (f"{rule.name}/{jacobi.draft_init}/{jacobi.coupling}/{verify}/"
            f"top_k={sampling.top_k is not None}/top_p={sampling.top_p is not None}/"
            f"context<={1 << max(context - 1, 0).bit_length()}"

@@ -141,9 +141,8 @@ class DecodeState:
             t[idx] = 0
         self.step[idx] = -1
         if self.noise_table is not None:
-            every = torch.arange(self.length, device=idx.device)[None]
             for r in rows:
-                self.noise_table[r] = exponential_noise(self.keys[r : r + 1], every, self.vocab)[0]
+                self.noise_table[r] = self._noise_row(r)
 
     def retire(self, rows: list[int]) -> None:
         """Rows that hold no image (free slots of a continuous batch): finished for the loop."""
@@ -159,11 +158,13 @@ class DecodeState:
 
     def tabulate_noise(self) -> None:
         """Compute the noise table now if it fits (the loop does, before its first step)."""
-        b, n, v = self.batch, self.length, self.vocab
-        if b * n * v * 4 <= NOISE_TABLE_BYTES:
-            every = torch.arange(n, device=self.keys.device)[None]
-            self.noise_table = torch.cat([exponential_noise(self.keys[i : i + 1], every, v)
-                                          for i in range(b)])
+        if self.batch * self.length * self.vocab * 4 <= NOISE_TABLE_BYTES:
+            self.noise_table = torch.stack([self._noise_row(i) for i in range(self.batch)])
+
+    def _noise_row(self, image: int) -> torch.Tensor:
+        """[T, V]: the noise of every position of one image (a row of the table)."""
+        every = torch.arange(self.length, device=self.keys.device)[None]
+        return exponential_noise(self.keys[image : image + 1], every, self.vocab)[0]
 
     def uniforms(self, images: list[int], segments: list[int], window: int) -> Uniforms:
         """One block per verified segment, image-major: image images[i] draws segments[i]

@@ -54,9 +54,10 @@ from .window import PRIOR_TOKENS, AutoWindow, WindowPolicy, prior_tokens
 
 @dataclass(frozen=True)
 class TreeShape:
-    """A full K-ary tree of depth D with shared candidates, laid out after a chain of `main`
-    slots (anchor included): slot s < main is the chain's (the tree's all-zero path for s <= D),
-    slot main + i the i-th off-chain node, breadth first.
+    """A tree of candidate ranks (K per position, depth up to D; the full K-ary tree or its
+    likeliest paths), laid out after a chain of `main` slots (anchor included): slot s < main is
+    the chain's (the tree's all-zero path for s <= D), slot main + i the i-th off-chain node,
+    breadth first.
 
     depth [S], rank [S], parent [S]: each slot's depth (its input is position start - 1 + depth),
     its candidate rank and its parent's slot (-1: the anchor has none); child [S, K]: the slot

@@ -440,11 +440,7 @@ class AutoWindow(WindowPolicy):
                               dtype=torch.float32)
         self.e0 = torch.tensor([prior_tokens(prior, w) for w in self.candidates],
                                device=device)
-        # Stragglers: a batch takes as many iterations as its slowest image. An image's forward
-        # count varies across captions with a coefficient of variation of about spread *
-        # sqrt(W), and the slowest of b images lies z_b standard deviations above the mean.
-        self.straggle = 1 + self.spread * self.cand.float().sqrt()[None] * _expected_max(batch,
-                                                                                    device)[:, None]
+        self.straggle = straggler_factor(self.cand, batch, self.spread)
         self.seen = torch.zeros(batch, device=device)  # decayed accepted drafts
         self.expected = torch.zeros(batch, device=device)  # decayed prior expectation
         gain = self._gain(torch.ones(batch, dtype=torch.bool, device=device))
@@ -479,6 +475,15 @@ class AutoWindow(WindowPolicy):
         fits = (self.cand[None] <= outputs[:, None]).sum(1).clamp(min=1) - 1
         self.seen[act] = self.seen[act] * self.decay + accepted.float()
         self.expected[act] = self.expected[act] * self.decay + (self.e0[fits] - 1)
+
+
+def straggler_factor(windows: torch.Tensor, batch: int, spread: float) -> torch.Tensor:
+    """[batch + 1, len(windows)]: how much longer than its mean image a batch of b images takes
+    at each window. A batch takes as many iterations as its slowest image; an image's forward
+    count varies across captions with a coefficient of variation of about spread * sqrt(W), and
+    the slowest of b images lies z_b standard deviations above the mean."""
+    z = _expected_max(batch, windows.device)
+    return 1 + spread * windows.float().sqrt()[None] * z[:, None]
 
 
 def _expected_max(batch: int, device: torch.device) -> torch.Tensor:

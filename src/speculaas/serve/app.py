@@ -24,8 +24,9 @@ from .engine import Cancelled, Engine, QueueFull, Request
 MAX_N = 8
 MAX_PROMPT_CHARS = 1000
 TIME_LIMIT_S = 300.0
-# Our fields beside OpenAI's, and the rule options each method takes (config.RULE_DEFAULTS).
+# Our fields beside OpenAI's, and the rule options of every method (config.RULE_DEFAULTS).
 DECODE_FIELDS = ("method", "seed", "window", "temperature", "top_k", "top_p", "cfg_scale")
+RULE_OPTIONS = tuple(sorted({k for opts in RULE_DEFAULTS.values() for k in opts}))
 # OpenAI fields we accept and ignore: the model is the one this server loaded, the size its
 # own, the user an opaque tag.
 IGNORED = ("model", "size", "user", "quality", "style")
@@ -43,8 +44,7 @@ def parse(body: object, default_method: str = "sjd") -> tuple[list[Request], dic
     """The requests of one API call (n images, seeds seed .. seed + n - 1), or ValueError."""
     if not isinstance(body, dict):
         raise ValueError("the request body must be a JSON object")
-    known = ("prompt", "n", "response_format", *DECODE_FIELDS, *IGNORED,
-             *{k for opts in RULE_DEFAULTS.values() for k in opts})
+    known = ("prompt", "n", "response_format", *DECODE_FIELDS, *IGNORED, *RULE_OPTIONS)
     unknown = sorted(set(body) - set(known))
     if unknown:
         raise ValueError(f"unknown field(s) {unknown}; known: {', '.join(known)}")
@@ -72,7 +72,7 @@ def parse(body: object, default_method: str = "sjd") -> tuple[list[Request], dic
         window = "auto"
     allowed = RULE_DEFAULTS.get(method, {})
     options = {}
-    for key in {k for opts in RULE_DEFAULTS.values() for k in opts}:
+    for key in RULE_OPTIONS:
         if key in body and body[key] is not None:
             if key not in allowed:
                 raise ValueError(f"'{key}' is not an option of {method}")

@@ -36,8 +36,8 @@ from ..decoding.window import (
     CANDIDATES,
     PRIOR_TOKENS,
     WindowPolicy,
-    _expected_max,
     prior_tokens,
+    straggler_factor,
 )
 from ..models.base import ImageModel
 
@@ -114,9 +114,11 @@ class BatchWindow(WindowPolicy):
                  capacity: int, margin: float = 1.05, spread: float = 0.035) -> None:
         super().__init__(max(CANDIDATES))
         self.model, self.rule, self.sampling, self.jacobi = model, rule, sampling, jacobi
-        self.margin, self.spread = margin, spread
+        self.margin = margin
         self.prior = PRIOR_TOKENS["lossless" if rule.exact else "relaxed"]
-        self.z = _expected_max(capacity, torch.device("cpu"))
+        self.windows = torch.tensor(CANDIDATES)
+        self.straggle = straggler_factor(self.windows, capacity, spread)
+        self.e0 = torch.tensor([prior_tokens(self.prior, w) for w in CANDIDATES])
         self.buckets = sorted({min(1 << k, capacity) for k in range(capacity.bit_length() + 1)})
         self.table = [1] * (capacity + 1)  # window per batch size 0 .. capacity
         self.known: set[int] = set()
@@ -131,11 +133,11 @@ class BatchWindow(WindowPolicy):
         t = measure_cost_curve(self.model, session, self.sampling, (0, *CANDIDATES), self.rule,
                                self.jacobi)
         lower = max([s for s in self.buckets if s < at], default=0)
+        cost = torch.tensor([t[w] for w in CANDIDATES])
         for b in range(lower + 1, at + 1):
-            straggle = {w: 1 + self.spread * w**0.5 * float(self.z[b]) for w in CANDIDATES}
-            rates = {w: b * prior_tokens(self.prior, w) / t[w] / straggle[w] for w in CANDIDATES}
-            best = max(rates, key=rates.get)
-            self.table[b] = best if rates[best] > self.margin * b / t[0] else 1
+            rates = b * self.e0 / cost / self.straggle[b]
+            best = int(rates.argmax())
+            self.table[b] = CANDIDATES[best] if rates[best] > self.margin * b / t[0] else 1
         self.known.add(at)
         self._table = None
 
@@ -178,12 +180,7 @@ class Lane:
         model, loop = self.model, self.loop
         model.admit(self.session, [row], [req.prompt])
         gen = torch.Generator(device=model.device).manual_seed(int(req.seed))
-        loop.state.restart([row], [gen])
-        fresh: dict[str, torch.Tensor] = {}  # the drafters' per-image memory of a new image
-        loop.init.begin(fresh, [gen], model.device)
-        loop.coupling.begin(fresh, [gen], model.device)
-        for key, value in fresh.items():
-            loop.state.memory[key][row] = value[0]
+        loop.restart([row], [gen])
         req.started = time.monotonic()
         req.first_iteration = loop.state.iteration
         self.slots[row] = req
