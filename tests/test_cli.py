@@ -100,3 +100,23 @@ def test_help_shows_each_methods_real_defaults():
     text = " ".join(res.stdout.split())
     assert "option of csd (default 0.65), lantern (default 0.1)" in text
     assert "(default: None)" not in text
+
+
+def test_help_states_each_adapters_sampling_defaults():
+    from speculaas.cli import SAMPLING_DEFAULTS
+    from speculaas.models import chameleon, emu3, janus, llamagen
+    from speculaas.models.builtin import model as builtin
+
+    real = {"builtin": builtin.DEFAULTS, "janus": janus.DEFAULTS,
+            "lumina-mgpt": chameleon.DEFAULTS, "emu3": emu3.DEFAULTS,
+            "llamagen c2i": llamagen.C2I_DEFAULTS, "llamagen t2i": llamagen.T2I_DEFAULTS}
+    assert real.keys() == SAMPLING_DEFAULTS.keys()
+    for name, d in real.items():
+        assert d.top_p is None, name  # the help says: off for every adapter
+        assert SAMPLING_DEFAULTS[name] == {"temperature": d.temperature, "top_k": d.top_k,
+                                           "cfg_scale": d.cfg_scale}, name
+    res = subprocess.run(CLI + ["generate", "--help"], capture_output=True, text=True, check=True)
+    text = " ".join(res.stdout.split()).replace("- ", "-")  # argparse wraps at hyphens
+    assert ("(builtin 3, janus 5, lumina-mgpt 3, emu3 3, llamagen c2i 4, llamagen t2i 7.5); 1 "
+            "switches CFG off") in text
+    assert "(builtin off, janus off, lumina-mgpt 2000, emu3 2048" in text

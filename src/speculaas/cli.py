@@ -26,6 +26,24 @@ class HELP(argparse.ArgumentDefaultsHelpFormatter):
         return action.help if action.default is None else super()._get_help_string(action)
 
 
+# The adapters' sampling defaults (models/*: DEFAULTS), as --help states them; the CLI tests
+# check them against the adapters. None: off.
+SAMPLING_DEFAULTS = {
+    "builtin": {"temperature": 1.0, "top_k": None, "cfg_scale": 3.0},
+    "janus": {"temperature": 1.0, "top_k": None, "cfg_scale": 5.0},
+    "lumina-mgpt": {"temperature": 1.0, "top_k": 2000, "cfg_scale": 3.0},
+    "emu3": {"temperature": 1.0, "top_k": 2048, "cfg_scale": 3.0},
+    "llamagen c2i": {"temperature": 1.0, "top_k": 2000, "cfg_scale": 4.0},
+    "llamagen t2i": {"temperature": 1.0, "top_k": 1000, "cfg_scale": 7.5},
+}
+
+
+def _model_defaults(option: str) -> str:
+    """'builtin 3, janus 5, ...' for --help."""
+    return ", ".join(f"{model} {'off' if d[option] is None else f'{d[option]:g}'}"
+                     for model, d in SAMPLING_DEFAULTS.items())
+
+
 RULE_FLAGS = {  # flag -> option name of the acceptance rules
     "lam": float, "delta": float, "filter": str, "group_size": int, "prob_threshold": float,
     "dist_threshold": float, "k": float, "eps": float,
@@ -144,12 +162,16 @@ def add_decoding_flags(p: argparse.ArgumentParser) -> None:
                         "to D positions, N off-chain nodes (default: the full tree, at most half "
                         "the window); the window is then the width budget. With --window auto "
                         "the tree runs only where the measured cost curve says it pays")
-    p.add_argument("--temperature", type=float, default=None, help="None: the model's default")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="None: the model's default (1 for every adapter)")
     p.add_argument("--top-k", type=int, default=None,
-                   help="None: the model's default; 0 switches top-k off")
-    p.add_argument("--top-p", type=float, default=None, help="None: the model's default")
+                   help=f"None: the model's default ({_model_defaults('top_k')}); 0 switches "
+                        "top-k off")
+    p.add_argument("--top-p", type=float, default=None,
+                   help="None: the model's default (off for every adapter)")
     p.add_argument("--cfg-scale", type=float, default=None,
-                   help="None: the model's default; 1 switches CFG off")
+                   help=f"None: the model's default ({_model_defaults('cfg_scale')}); 1 "
+                        "switches CFG off")
     for name, typ in RULE_FLAGS.items():
         users = [f"{m} (default {opts[name]})" for m, opts in RULE_DEFAULTS.items()
                  if name in opts]

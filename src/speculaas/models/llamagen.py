@@ -52,6 +52,11 @@ N_HEADS = {
 }
 
 
+# The reference sampling settings of LlamaGen's class- and text-conditional models.
+C2I_DEFAULTS = SamplingConfig(temperature=1.0, top_k=2000, top_p=None, cfg_scale=4.0)
+T2I_DEFAULTS = SamplingConfig(temperature=1.0, top_k=1000, top_p=None, cfg_scale=7.5)
+
+
 def rotary_2d(grid: int, head_dim: int, base: float, prefix: int) -> torch.Tensor:
     """[prefix + grid**2, head_dim // 2, 2] (cos, sin): half the pairs rotate with the row,
     half with the column; the condition prefix gets zeros."""
@@ -435,9 +440,7 @@ class LlamaGenModel(ImageModel):
         self.layout = Layout.raster(grid, grid)
         self.vocab_size = self.gpt.output.out_features
         c2i = self.gpt.model_type == "c2i"
-        self.defaults = SamplingConfig(
-            cfg_scale=4.0 if c2i else 7.5, top_k=2000 if c2i else 1000, top_p=None
-        )
+        self.defaults = C2I_DEFAULTS if c2i else T2I_DEFAULTS
         self.vq = None
         if vq is not None:
             self.vq = vq16_from_checkpoint(Path(vq), grid, **(vq_config or {})).to(self.device)

@@ -20,7 +20,8 @@ from .scenes import WORDS, tokenize_caption
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 WEIGHTS_FILE, RECORD_FILE = "builtin.safetensors", "training.json"
 # Chosen on held-out captions: guidance 3 keeps the prompt's attributes, temperature 1 its
-# variety (see docs/builtin.md).
+# variety; every benchmark in docs/ uses them. Guidance 2 draws a caption's one object alone
+# more often at the same fidelity (docs/builtin.md, "Guidance and temperature").
 DEFAULTS = SamplingConfig(temperature=1.0, top_k=None, top_p=None, cfg_scale=3.0)
 
 
