@@ -42,18 +42,18 @@ def held_out(captions: int, skip: int) -> list:
     return scenes[skip:]
 
 
-def counts(images: list, colour: str) -> list[tuple[int, int]]:
-    """(objects of `colour`, objects of any colour) in each image, capped at 2."""
-    return [(min(object_count(img, COLOURS[colour]), 2),
-             min(sum(object_count(img, c) for c in COLOURS.values()), 2)) for img in images]
+def count(image, colour: str) -> tuple[int, int]:  # noqa: ANN001
+    """(objects of `colour`, objects of any colour) in the image, capped at 2."""
+    return (min(object_count(image, COLOURS[colour]), 2),
+            min(sum(object_count(image, c) for c in COLOURS.values()), 2))
 
 
 def _floats(text: str) -> list[float]:
     try:
         return [float(v) for v in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers")\
-            from None
+        msg = f"{text!r} is not a comma-separated list of numbers"
+        raise argparse.ArgumentTypeError(msg) from None
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -70,7 +70,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--top-p", type=float, default=None)
     args = p.parse_args(argv)
     if args.caption is not None:
-        caption = parse_caption(args.caption)
+        try:
+            caption = parse_caption(args.caption)
+        except ValueError as e:
+            p.error(str(e))
         if " and " in caption:
             p.error(f"--caption {args.caption!r} names two objects; give one")
         # one image per call, at seed 0, 1, ...: what `speculaas generate --seed S` draws (a
@@ -84,7 +87,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         colours = [sc.objects[0].colour for sc in scenes]
         batches = [(captions, [1000 * s + i for i in range(len(scenes))])
                    for s in range(args.seeds)]
-        truth = [counts([sc.image], sc.objects[0].colour)[0] for sc in scenes]
+        truth = [count(sc.image, sc.objects[0].colour) for sc in scenes]
     model = sp.load_model("builtin")
     reports = []
     for cfg_scale in args.cfg_scale:
@@ -115,8 +118,7 @@ def measure(model, args: argparse.Namespace, batches: list, colours: list, sampl
     for batch, seeds in batches:
         out = sp.generate(model, batch, method=args.method, seed=seeds, **sampling)
         fidelity += fidelity_scores(model.judge, out.images, batch).tolist()
-        drawn += [counts([img], colour)[0] for img, colour in
-                  zip(out.images, colours, strict=True)]
+        drawn += [count(img, colour) for img, colour in zip(out.images, colours, strict=True)]
         tiles += out.images
     total = len(drawn)
     own, anyc = Counter(n for n, _ in drawn), Counter(n for _, n in drawn)
