@@ -3,11 +3,10 @@
 Commands are the lines of ```bash blocks (and of the scripts they run with `bash FILE` or
 `sh FILE`) and inline code that starts with a program. The cheap ones run as written:
 `speculaas generate` on the built-in model (in an empty folder, through the installed
-`speculaas` script), `captions` and `--help`. The others
-(training, benchmarks, servers, GPUs, hub checkpoints, installs) cannot run here; their
-arguments go through the real parser, and the command's own checks up to the point where work
-starts (prompts, method specs, output paths, cost-curve files), in the repository root as the
-docs say. A bare `speculaas SUBCOMMAND` in prose names the subcommand: its `--help` must work.
+`speculaas` script), `captions` and `--help`. The others (training, benchmarks, servers, GPUs,
+hub checkpoints, installs) cannot run here; their arguments go through the real parser, and the
+command's own checks up to the point where work starts (prompts, method specs, output paths,
+cost-curve files), in the repository root as the docs say. A bare `speculaas SUBCOMMAND` in prose names the subcommand: its `--help` must work.
 """
 
 from __future__ import annotations
