@@ -59,6 +59,35 @@ def test_a_cancelled_request_frees_its_row_within_one_iteration(tiny):
     assert fb.result().forward_passes > 0 and fc.result().forward_passes > 0
 
 
+def test_a_failed_admission_fails_its_request_and_leaves_the_row_free(tiny, monkeypatch):
+    from speculaas.decoding.loop import Loop
+
+    engine = Engine(tiny, max_batch=2)
+    a, b = (Request(prompt=p, seed=s, window=2) for p, s in PROMPTS[:2])
+    fb = engine.submit(b)
+    engine.run_once()  # b decodes in row 0
+    real = Loop.restart
+
+    def restart(self, rows, generators):  # noqa: ANN001, ANN202
+        real(self, rows, generators)  # the row is reset, then something fails
+        raise RuntimeError("admission failed")
+
+    monkeypatch.setattr(Loop, "restart", restart)
+    fa = engine.submit(a)
+    engine.run_once()  # a fails in row 1
+    monkeypatch.setattr(Loop, "restart", real)
+    with pytest.raises(RuntimeError, match="admission failed"):
+        fa.result()
+    lane = next(iter(engine.lanes.values()))
+    state = lane.loop.state
+    assert lane.free() == [1] and int(state.count[1]) == state.length  # free: finished
+    while engine.run_once():
+        pass
+    solo = sp.generate(tiny, [b.prompt], method="sjd", seed=b.seed, window=2,
+                       decode_images=False)
+    assert torch.equal(fb.result().tokens, solo.tokens[0])
+
+
 def test_queue_and_bad_requests(tiny):
     engine = Engine(tiny, max_batch=1, queue_size=2)
     engine.submit(Request(prompt=1))

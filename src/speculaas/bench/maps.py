@@ -22,6 +22,14 @@ def run_lengths(commit_step: torch.Tensor) -> torch.Tensor:
     return counts.gather(-1, flat.clamp(min=0)).view_as(commit_step)
 
 
+def raster_order(commit_step: torch.Tensor) -> bool:
+    """Whether every image of commit_step [N, H, W] committed its cells in raster order (no
+    cell before one above or left of it): its commit-order map is then a plain top-to-bottom
+    gradient that tells nothing."""
+    flat = commit_step.flatten(1)
+    return bool((flat[:, 1:] >= flat[:, :-1]).all())
+
+
 def acceptance_figure(images: list[Image.Image], commit_step: torch.Tensor,
                       entropy: torch.Tensor, titles: list[str],
                       caption: str | None = None) -> Image.Image:
@@ -32,8 +40,7 @@ def acceptance_figure(images: list[Image.Image], commit_step: torch.Tensor,
     entropy. `caption`: the prompt, written above the figure."""
     runs = run_lengths(commit_step)
     n = len(images)
-    flat = commit_step.flatten(1)
-    order = bool((flat[:, 1:] < flat[:, :-1]).any())  # some cell committed before one above-left
+    order = not raster_order(commit_step)
     cols = 4 if order else 3
     fig, axes = plt.subplots(n, cols, figsize=(2.6 * cols, 2.6 * n + (0.5 if caption else 0)),
                              squeeze=False)

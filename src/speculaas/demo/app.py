@@ -26,7 +26,7 @@ import torch
 from PIL import Image
 
 from ..api import METHODS, generate
-from ..bench.maps import run_lengths
+from ..bench.maps import raster_order, run_lengths
 from ..checks import is_integer, is_number
 from ..config import COUPLINGS, DEFAULT_COUPLING, DEFAULT_DRAFT_INIT, DRAFT_INITS, JacobiConfig
 from ..decoding.frontier_rows import check_row_context
@@ -199,8 +199,7 @@ def run_request(model, req: dict, watch: _Watch | None = None, engine=None) -> d
         runs_map = run_lengths(steps[None])[0].numpy()
         ent = out["entropy"].numpy()
         run_max, ent_max = max(int(runs_map.max()), 2), max(float(ent.max()), 1e-3)
-        flat = steps.flatten()
-        raster = bool((flat[1:] >= flat[:-1]).all())  # the order map then says nothing
+        raster = raster_order(steps[None])  # the order map then says nothing
         results.append({
             "method": r["method"],
             "image": _png(out["image"]),

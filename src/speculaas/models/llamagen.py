@@ -576,7 +576,6 @@ class _LlamaGenSession(Session):
             return cond, uncond
         return logits, None
 
-
     @torch.inference_mode()
     def keep_scratch(self, images, scratch, pos):  # noqa: ANN001, ANN201
         copy_scratch((self.cache["k"], self.cache["v"]), self.batch_size if self.cfg else 0,

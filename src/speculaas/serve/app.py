@@ -40,7 +40,7 @@ def _error(message: str, status: int, kind: str = "invalid_request_error"):  # n
                                    "code": None}}, status_code=status, headers=headers)
 
 
-def parse(body: object, default_method: str = "sjd") -> tuple[list[Request], dict]:
+def parse(body: object, default_method: str = "sjd") -> list[Request]:
     """The requests of one API call (n images, seeds seed .. seed + n - 1), or ValueError."""
     if not isinstance(body, dict):
         raise ValueError("the request body must be a JSON object")
@@ -82,9 +82,8 @@ def parse(body: object, default_method: str = "sjd") -> tuple[list[Request], dic
         if value is not None and not is_number(value):
             raise ValueError(f"'{key}' must be a number, got {value!r}")
     deadline = time.monotonic() + TIME_LIMIT_S
-    reqs = [Request(prompt=prompt, seed=int(seed) + i, method=method, window=window,
+    return [Request(prompt=prompt, seed=int(seed) + i, method=method, window=window,
                     options=options, deadline=deadline, **sampling) for i in range(n)]
-    return reqs, {"n": n}
 
 
 def create_app(engine: Engine):  # noqa: ANN201
@@ -107,7 +106,7 @@ def create_app(engine: Engine):  # noqa: ANN201
                 body = await request.json()
             except (ValueError, UnicodeDecodeError):
                 raise ValueError("the request body is not valid JSON") from None
-            reqs, _ = parse(body)
+            reqs = parse(body)
             for r in reqs:
                 if engine.model.name == "tiny" and r.prompt.strip().isdigit():
                     r.prompt = int(r.prompt)  # the tiny model's prompts are class ids

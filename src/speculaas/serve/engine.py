@@ -177,10 +177,15 @@ class Lane:
         return any(r is not None for r in self.slots)
 
     def admit(self, row: int, req: Request) -> None:
+        """Start `req` in free row `row`; if that fails, the row stays free (and retired)."""
         model, loop = self.model, self.loop
-        model.admit(self.session, [row], [req.prompt])
-        gen = torch.Generator(device=model.device).manual_seed(int(req.seed))
-        loop.restart([row], [gen])
+        try:
+            model.admit(self.session, [row], [req.prompt])
+            gen = torch.Generator(device=model.device).manual_seed(int(req.seed))
+            loop.restart([row], [gen])
+        except Exception:
+            loop.state.retire([row])
+            raise
         req.started = time.monotonic()
         req.first_iteration = loop.state.iteration
         self.slots[row] = req
@@ -202,22 +207,21 @@ class Lane:
             for r in active:  # left out of decode_s, as generate() leaves it out of latency_s
                 r.calibration_s += time.monotonic() - t0
         self.loop.step()
-        state = self.loop.state
+        state, lay = self.loop.state, self.model.layout
+        grid = (lay.grid[0], lay.grid[1])
         done = (state.count >= state.length).tolist()
         out = []
         for row, req in enumerate(self.slots):
             if req is None or not done[row]:
                 continue
             tokens = state.tokens[row, : state.length].clone()
-            lay = self.model.layout
-            grid = (lay.grid[0], lay.grid[1])
             steps = lay.image_tokens(state.step[row : row + 1, : state.length])[0]
             ent = lay.image_tokens(state.entropy[row : row + 1, : state.length])[0]
             hist = state.window_hist[row].tolist()
             image = self.model.decode(tokens[None])[0]
             now = time.monotonic()
             out.append((req, Completion(
-                tokens=self.model.layout.image_tokens(tokens[None])[0].cpu(), image=image,
+                tokens=lay.image_tokens(tokens[None])[0].cpu(), image=image,
                 forward_passes=int(state.forward_passes[row]),
                 windows={w: n for w, n in enumerate(hist) if n},
                 queue_s=req.started - req.submitted,
@@ -300,8 +304,6 @@ class Engine:
                 try:
                     lane.admit(free[0], req)
                 except Exception as e:  # noqa: BLE001 - this request fails, the others go on
-                    lane.slots[free[0]] = req
-                    lane.drop(free[0])
                     req.future.set_exception(e)
                 admitted.append(req)
         with self.wake:

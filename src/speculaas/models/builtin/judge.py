@@ -12,7 +12,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from .scenes import BACKGROUNDS, COLOURS, POSITIONS, SHAPES, Scene, parse_caption
+from .scenes import (
+    BACKGROUND_KEYWORDS,
+    BACKGROUNDS,
+    COLOURS,
+    POSITIONS,
+    SHAPES,
+    Scene,
+    parse_caption,
+)
 
 HEADS = {"shape": len(SHAPES), "colour": len(COLOURS), "background": len(BACKGROUNDS),
          "position": len(POSITIONS)}
@@ -74,9 +82,7 @@ def caption_labels(caption: str) -> dict[str, int]:
     words = parse_caption(caption).split()
     shape = next(w for w in words if w in SHAPES)
     colour = next(w for w in words if w in COLOURS)
-    keyword = {"sky": "blue sky", "sunset": "sunset", "grey": "plain grey", "grass": "grass",
-               "gravel": "gravel", "brick": "brick"}
-    background = next(keyword[w] for w in words if w in keyword)
+    background = next(BACKGROUND_KEYWORDS[w] for w in words if w in BACKGROUND_KEYWORDS)
     position = next(w for w in words if w in POSITIONS)
     return {"shape": SHAPES.index(shape), "colour": list(COLOURS).index(colour),
             "background": BACKGROUNDS.index(background), "position": POSITIONS.index(position)}

@@ -40,6 +40,9 @@ _BG_PHRASES = {
     "plain grey": "on a plain grey background", "grass": "over grass", "gravel": "over gravel",
     "brick": "in front of a brick wall",
 }
+# The word of a grammar caption that names its background.
+BACKGROUND_KEYWORDS = {"sky": "blue sky", "sunset": "sunset", "grey": "plain grey",
+                       "grass": "grass", "gravel": "gravel", "brick": "brick"}
 TEXTURES = {"grass": (70, 150, 50), "gravel": (150, 140, 130), "brick": (170, 80, 60)}
 
 _X_CENTRE = {"left": 15, "center": 32, "right": 49}
@@ -288,9 +291,8 @@ def _nearest_caption(words: list[str]) -> str:
     for o in objects:
         o["position"] = o["position"] or free.pop(0)
         o["colour"] = o["colour"] or free_colours.pop(0)
-    keyword = {"sky": "blue sky", "sunset": "sunset", "grey": "plain grey", "grass": "grass",
-               "gravel": "gravel", "brick": "brick"}
-    background = next((keyword[w] for w in words if w in keyword), DEFAULT_BACKGROUND)
+    background = next((BACKGROUND_KEYWORDS[w] for w in words if w in BACKGROUND_KEYWORDS),
+                      DEFAULT_BACKGROUND)
     return _canonical([(o["size"], o["colour"], o["shape"], o["position"]) for o in objects],
                       background)
 
@@ -335,7 +337,6 @@ def parse_caption(caption: str) -> str:
                          f"valid caption: {_nearest_caption(words)!r} (`speculaas captions` "
                          "shows the grammar)")
     return text
-
 
 
 def tokenize_caption(caption: str | None, *, null: bool = False) -> list[int]:
