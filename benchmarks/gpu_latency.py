@@ -30,7 +30,8 @@ import torch
 
 import speculaas as sp
 from speculaas.bench.prompts import load_prompts
-from speculaas.decoding.window import AutoWindow, load_cost_curve, modelled_seconds
+from speculaas.decoding.costs import load_cost_curve, modelled_seconds
+from speculaas.decoding.window import AutoWindow
 
 # sjd: Gumbel verification (the default, sample-exact); sjd(verify=ratio): the classic test.
 RULES = [("sjd", {}), ("sjd", {"verify": "ratio"}), ("csd", {"delta": 0.35}),

@@ -11,7 +11,7 @@ import time
 import pytest
 
 import speculaas as sp
-from speculaas.decoding import window
+from speculaas.decoding import costs as window
 
 
 def steady(windows):
@@ -40,7 +40,7 @@ def test_a_stopped_measurement_blocks_no_other_setting_and_this_one_briefly(cach
     ready = tmp_path / "ready"
     child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import time, pathlib, speculaas as sp
-        from speculaas.decoding import window
+        from speculaas.decoding import costs as window
         def stuck(ws):
             pathlib.Path({str(ready)!r}).write_text("x")
             time.sleep(600)

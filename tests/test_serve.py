@@ -138,3 +138,88 @@ def test_the_server_answers_400_and_503_and_keeps_serving(server):
     stats = ok.json()["speculaas"][0]
     assert stats["forward_passes"] > 0 and stats["windows"] == {"4": stats["forward_passes"]}
     assert httpx.get(f"{server}/health").json()["status"] == "ok"
+
+
+def fresh_tiny():  # a model object no other test has timed
+    return sp.load_model("tiny", vocab_size=12, grid=(3, 5), seed=0)
+
+
+def test_a_future_cancelled_from_outside_retires_its_row_and_fails_nobody(tiny):
+    engine = Engine(tiny, max_batch=2)
+    a, b = (Request(prompt=p, seed=s, method="csd", window=4) for p, s in PROMPTS[:2])
+    fa, fb = engine.submit(a), engine.submit(b)
+    engine.run_once()
+    assert fa.cancel()  # what asyncio.wait_for does to the request when the client's time runs out
+    engine.run_once()
+    lane = next(iter(engine.lanes.values()))
+    assert a not in lane.slots and engine.batch_log[-1] == 1  # its row costs no more forwards
+    # csd in the freed row: a new request draws what it draws alone (no drafts left behind).
+    c = Request(prompt=PROMPTS[2][0], seed=PROMPTS[2][1], method="csd", window=4)
+    fc = engine.submit(c)
+    while engine.run_once():
+        pass
+    solo = sp.generate(tiny, [c.prompt], method="csd", seed=c.seed, window=4,
+                       decode_images=False)
+    assert torch.equal(fc.result().tokens, solo.tokens[0])
+    assert fb.result().forward_passes > 0
+
+
+def test_two_settings_in_one_engine_each_draw_their_own(tiny):
+    engine = Engine(tiny, max_batch=2)
+    reqs = [Request(prompt=3, seed=5, window=4, top_k=2), Request(prompt=3, seed=5, window=4),
+            Request(prompt=3, seed=5, window=4, method="csd", options={"delta": 0.8})]
+    futures = [engine.submit(r) for r in reqs]
+    while engine.run_once():
+        pass
+    for r, f in zip(reqs, futures, strict=True):
+        solo = sp.generate(tiny, [r.prompt], method=r.method, seed=r.seed, window=4,
+                           top_k=r.top_k, decode_images=False, **r.options)
+        assert torch.equal(f.result().tokens, solo.tokens[0]), r
+    assert not torch.equal(futures[0].result().tokens, futures[1].result().tokens)
+
+
+def test_idle_lanes_are_freed_whatever_settings_clients_send(tiny):
+    engine = Engine(tiny, max_batch=2, idle_lanes=1)
+    futures = [engine.submit(Request(prompt=1, seed=0, window=2, temperature=1.0 + i / 100))
+               for i in range(5)]
+    peak = 0
+    while engine.run_once():
+        peak = max(peak, len(engine.lanes))
+    assert all(f.result().forward_passes > 0 for f in futures)
+    assert peak == 5 and len(engine.lanes) == 1  # all five ran at once; one idle lane is kept
+
+
+def test_lanes_never_time_and_the_warm_up_measures_before_serving(tmp_path, monkeypatch, capsys):
+    import json
+
+    monkeypatch.setenv("SPECULAAS_CACHE_DIR", str(tmp_path))
+    engine = Engine(fresh_tiny(), max_batch=2)
+    first = engine.submit(Request(prompt=1, seed=0))  # window "auto"
+    while engine.run_once():
+        pass
+    assert first.result().forward_passes > 0
+    assert "timing" not in capsys.readouterr().err
+    assert not (tmp_path / "cost_curves.json").exists()
+    waiting = engine.submit(Request(prompt=2, seed=0))  # arrives while the server warms up
+    engine.warm_up(Request(prompt=None))
+    assert "timing one decoding iteration" in capsys.readouterr().err
+    stored = json.loads((tmp_path / "cost_curves.json").read_text())
+    assert sorted(json.loads(key)[-4] for key in stored) == [1, 2]  # batch sizes 1 and 2
+    assert not engine.warming and engine.warm_end is not None
+    while engine.run_once():
+        pass
+    assert waiting.result().warmup_s > 0 and first.result().warmup_s == 0
+
+
+def test_health_says_warming_up_until_the_warm_up_ends(tiny):
+    from fastapi.testclient import TestClient
+
+    from speculaas.serve.app import create_app
+
+    engine = Engine(tiny, max_batch=2)
+    client = TestClient(create_app(engine))
+    engine.warming = True
+    r = client.get("/health")
+    assert r.status_code == 503 and r.json()["status"] == "warming_up"
+    engine.warming = False
+    assert client.get("/health").json()["status"] == "ok"

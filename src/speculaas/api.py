@@ -26,9 +26,7 @@ class GenerationOutput:
     forwards spent on each image (prefill excluded: AR spends N); commit_step [B, rows, cols]
     iteration that committed each token; drafted [B, rows, cols] True where an accepted draft was
     committed; entropy [B, rows, cols] target entropy (nats) at each token's verification;
-    latency_s wall time of prefill + decode (image decoding excluded, and so is calibration_s:
-    the one-off timing of the windows when window="auto" meets a machine, model and batch size
-    for the first time). windows: per image, forwards at each window size {W: count} (AR: all
+    latency_s wall time of prefill + decode (image decoding excluded). windows: per image, forwards at each window size {W: count} (AR: all
     at 1); mean_window the mean of it.
     """
 
@@ -46,7 +44,6 @@ class GenerationOutput:
     sequence: torch.Tensor | None = None  # generated tokens including structural ones
     mean_window: torch.Tensor | None = None  # [B] mean window per image (1 for AR)
     windows: list[dict[int, int]] = field(default_factory=list)  # per image {window: forwards}
-    calibration_s: float = 0.0  # timing the windows for the policy's cost curve (not in latency)
 
     @property
     def step_compression(self) -> torch.Tensor:
@@ -112,8 +109,10 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
     delta; amplify: k; addition: eps). Batches larger than `max_batch` run in chunks of that
     size, one after the other (same images: each image has its own random stream).
     window: slots per forward (int), "auto" or a WindowPolicy; None (default): "auto" in raster
-    order (chosen every iteration from this machine's measured cost curve; plain AR where no
-    window pays), 16 with row_context.
+    order (chosen every iteration from a cost curve: for sample-exact rules this machine's,
+    learned while decoding; for the others the device kind's reference, so that a seed draws
+    the same picture however busy the machine is; plain AR where no window pays), 16 with
+    row_context.
     verify: "gumbel" (default): exact rules commit the AR sample of every position (the same
     tokens as method "ar" for the same seed, at any window or batch); "ratio": the classic
     min(1, target/draft) test (JacobiConfig).
@@ -163,7 +162,7 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
     res = DecodeResult.concat(parts)
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
-    latency = time.perf_counter() - t0 - res.calibration_s
+    latency = time.perf_counter() - t0
     if bar is not None:
         bar.close()
     lay = model.layout
@@ -184,6 +183,6 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
                  **({"tree": jacobi.tree} if jacobi.tree is not None else {}),
                  **options, **vars(sampling)},
         sequence=res.tokens.cpu(),
-        mean_window=res.mean_window.cpu(), calibration_s=res.calibration_s,
+        mean_window=res.mean_window.cpu(),
         windows=[{w: n for w, n in enumerate(row) if n}
                  for row in res.window_hist.cpu().tolist()])

@@ -142,9 +142,11 @@ def add_decoding_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="adapter option, e.g. vq=vq_ds16_c2i.pt, image_size=384, grid=48,48")
     p.add_argument("--window", type=_window, default=None,
-                   help="slots per forward, or 'auto' (chosen every iteration from the measured "
-                        "cost of a window on this machine; plain AR where none pays). Default: "
-                        "auto, 16 with --row-context")
+                   help="slots per forward, or 'auto' (chosen every iteration from the cost of a "
+                        "window: sjd learns this machine's while it decodes, relaxed rules use "
+                        "the device kind's reference so a seed fixes the picture; plain AR where "
+                        "none pays; nothing is timed before the first token). Default: auto, 16 "
+                        "with --row-context")
     p.add_argument("--draft-init", default=DEFAULT_DRAFT_INIT, choices=DRAFT_INITS,
                    help="what fresh draft slots hold")
     p.add_argument("--coupling", default=DEFAULT_COUPLING, choices=COUPLINGS,
@@ -208,9 +210,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     for i, p in enumerate(paths):
         print(f"{p}: {int(out.forward_passes[i])} forward passes for {n} tokens, "
               f"step compression {float(out.step_compression[i]):.2f}x")
-    timing = (f" (+ {out.calibration_s:.1f} s timing the windows, once for this machine)"
-              if out.calibration_s >= 0.05 else "")
-    print(f"latency {out.latency_s:.2f} s for {len(prompts)} image(s){timing}; map: {map_path}")
+    print(f"latency {out.latency_s:.2f} s for {len(prompts)} image(s); map: {map_path}")
     if args.method != "ar" and args.window in (None, "auto") and args.row_context is None:
         mean = float(out.mean_window.mean())
         used: dict[int, int] = {}
@@ -225,7 +225,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> None:
     from speculaas.bench.runner import BenchConfig, Variant, expand_sweeps, run
-    from speculaas.decoding.window import load_cost_curve
+    from speculaas.decoding.costs import load_cost_curve
 
     variants = expand_sweeps([Variant.parse(m) for m in args.methods.split(",") if m.strip()],
                              args.sweep)
@@ -322,6 +322,12 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("--max-batch", type=int, default=8,
                    help="images decoded together per decode setting (1: one at a time)")
     v.add_argument("--queue", type=int, default=64, help="requests that may wait; more get 503")
+    v.add_argument("--time-limit", type=float, default=300.0, metavar="SECONDS",
+                   help="a request still unfinished this long after it arrived gets 503")
+    v.add_argument("--warm-up", type=float, default=120.0, metavar="SECONDS",
+                   help="at start-up, time the decoding loop for window='auto' for at most "
+                        "this long before /health says ok (cached per machine; 0: skip, use "
+                        "the reference cost curve)")
 
     sub.add_parser("captions", help="the caption grammar of the built-in model, with examples")
     # The training script parses its own options (`speculaas train --help` lists them), so they
@@ -341,7 +347,8 @@ def main(argv: list[str] | None = None) -> None:
             cmd_bench(args)
         elif args.command == "serve":
             from speculaas.serve.app import serve
-            serve(args.model, args.host, args.port, args.weights, args.max_batch, args.queue)
+            serve(args.model, args.host, args.port, args.weights, args.max_batch, args.queue,
+                  args.time_limit, args.warm_up)
         elif args.command == "demo":
             from speculaas.demo.app import serve
             serve(args.model, args.host, args.port, args.weights)

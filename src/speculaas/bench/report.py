@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..decoding.window import modelled_seconds
+from ..decoding.costs import modelled_seconds
 from ..io import atomic_path, save_image, write_text
 from . import metrics
 from .maps import acceptance_figure

@@ -199,17 +199,22 @@ def _decode_options(cfg: BenchConfig, v: Variant) -> dict:
 
 def _generate_options(cfg: BenchConfig, v: Variant) -> dict:
     """What generate() gets for a variant: its options, with window="auto" choosing from the
-    run's cost curve where one is given (--cost-curve)."""
+    run's cost curve where one is given (--cost-curve), else from the curve the run starts
+    with, never learning during the run (shards and resumed halves choose alike)."""
     opts = _decode_options(cfg, v)
-    if _auto_on_curve(cfg, v, opts):
+    if _auto_policy(v, opts):
         from ..decoding.window import AutoWindow
-        opts["window"] = AutoWindow(cost=cfg.cost_curve)
+        opts["window"] = AutoWindow(cost=cfg.cost_curve, learn=False)
     return opts
 
 
+def _auto_policy(v: Variant, opts: dict) -> bool:
+    return (opts["window"] in (None, "auto") and opts.get("row_context") is None
+            and v.method != "ar")
+
+
 def _auto_on_curve(cfg: BenchConfig, v: Variant, opts: dict) -> bool:
-    return (cfg.cost_curve is not None and opts["window"] in (None, "auto")
-            and opts.get("row_context") is None and v.method != "ar")
+    return cfg.cost_curve is not None and _auto_policy(v, opts)
 
 
 def _check_variant(model, cfg: BenchConfig, v: Variant) -> None:  # noqa: ANN001

@@ -55,8 +55,8 @@ class Frontier(ABC):
         return self.max_window
 
     def begin(self, model: ImageModel, session: Session, state: DecodeState, cfg: bool,
-              lossless: bool, measure=None) -> None:  # noqa: ANN001, B027 - optional hook
-        """Called once per decode; measure(windows): the loop's cost-curve timer."""
+              lossless: bool, costs=None) -> None:  # noqa: ANN001, B027 - optional hook
+        """Called once per decode; costs: the decode's cost-curve source (costs.CurveSource)."""
 
     @abstractmethod
     def summary(self, state: DecodeState) -> torch.Tensor:
@@ -105,8 +105,8 @@ class Raster(Frontier):
         self.forced = (torch.cat([forced, forced.new_full((self.max_window,), -1)])
                        if bool((forced >= 0).any()) else None)  # raster layouts skip that work
 
-    def begin(self, model, session, state, cfg, lossless, measure=None):  # noqa: ANN001, ANN201
-        self.policy.begin(model, session, cfg, lossless=lossless, measure=measure)
+    def begin(self, model, session, state, cfg, lossless, costs=None):  # noqa: ANN001, ANN201
+        self.policy.begin(model, session, cfg, lossless=lossless, costs=costs)
 
     def summary(self, state: DecodeState) -> torch.Tensor:
         return self.policy.choose(state.count < self.length).view(1)
@@ -122,6 +122,7 @@ class Raster(Frontier):
         img, start, out = torch.tensor([images, starts, outputs], device=dev)
         pos = start[:, None] + torch.arange(width, device=dev)
         self.window, self.max_start = window, max(starts)
+        self.policy.started(window, len(images))
         return Plan(images, [1] * len(images), torch.arange(len(images), device=dev), img,
                     start, out, pos, torch.ones_like(img, dtype=torch.bool),
                     None if self.forced is None else self.forced[pos], self.max_window)

@@ -97,7 +97,7 @@ class Rows(Frontier):
     def ring(self, model: ImageModel) -> int:
         return self.length  # every position of the image may hold a draft
 
-    def begin(self, model, session, state, cfg, lossless, measure=None):  # noqa: ANN001, ANN201
+    def begin(self, model, session, state, cfg, lossless, costs=None):  # noqa: ANN001, ANN201
         dev = state.count.device
         state.memory[self.key] = torch.zeros(state.batch, self.length + 2, dtype=torch.bool,
                                              device=dev)

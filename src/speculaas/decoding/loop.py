@@ -29,6 +29,7 @@ from ..config import JacobiConfig, SamplingConfig
 from ..models.base import ImageModel, Session
 from ..sampling import explain_nonfinite, gumbel_argmax, target_probs
 from .autoregressive import AutoregressiveLoop, autoregressive_decode
+from .costs import CurveSource, cost_curve
 from .drafting import COUPLINGS, FRESH_INITS, FreshSlots
 from .frontier import Frontier, Raster
 from .frontier_rows import Rows
@@ -36,7 +37,7 @@ from .result import DecodeResult
 from .state import DecodeState, Uniforms
 from .tree import Tree, tree_width
 from .verify import Window, settle, verify
-from .window import AutoWindow, WindowPolicy, cost_curve, make_policy
+from .window import AutoWindow, WindowPolicy, make_policy
 
 
 class Loop:
@@ -160,31 +161,26 @@ def decode(model: ImageModel, session: Session, rule: AcceptanceRule, sampling: 
            profile: bool = False, policy: WindowPolicy | None = None) -> DecodeResult:
     """Speculative Jacobi decoding of a batch; jacobi.row_context picks the frontier (raster
     order under a window policy, or several rows at once). A policy that would never speculate
-    decodes plain AR."""
-    spent = 0.0
-
-    def measure(windows: tuple[int, ...], tree: tuple | None = None) -> dict[int, float]:
-        nonlocal spent
-        t0 = time.perf_counter()
-        curve = measure_cost_curve(model, session, sampling, windows, rule, jacobi, tree=tree)
-        spent += time.perf_counter() - t0
-        return curve
-
+    decodes plain AR. Nothing is timed up front: window="auto" starts from a stored or
+    reference cost curve and, where the rule verifies sample-exactly, refines it from the
+    decode's own iterations and stores it when the decode ends (costs.py)."""
+    gumbel = gumbel_verification(jacobi, rule)
+    costs = CurveSource(model, session.batch_size, sampling.uses_cfg,
+                        curve_tag(session, sampling, rule, jacobi), learn=gumbel)
     if jacobi.row_context is not None:
         frontier: Frontier = Rows(model, int(jacobi.window), int(jacobi.row_context))
     else:
         policy = make_policy(jacobi.window) if policy is None else policy
         if jacobi.tree is not None and isinstance(policy, AutoWindow):
-            width = tree_width(policy, jacobi.tree, session.batch_size, rule.exact, measure)
+            width = tree_width(policy, jacobi.tree, session.batch_size, rule.exact, costs)
             policy = policy if width is None else WindowPolicy(width)
         if jacobi.tree is not None and not isinstance(policy, AutoWindow):
-            frontier = Tree(model, policy, jacobi.tree, rule, sampling,
-                            gumbel_verification(jacobi, rule))
+            frontier = Tree(model, policy, jacobi.tree, rule, sampling, gumbel)
         else:
             frontier = Raster(model, policy, batch_min=jacobi.advance == "batch_min")
     loop = Loop(model, session, rule, sampling, jacobi, frontier, generators, progress, profile)
 
-    frontier.begin(model, session, loop.state, sampling.uses_cfg, rule.exact, measure)
+    frontier.begin(model, session, loop.state, sampling.uses_cfg, rule.exact, costs)
     if isinstance(frontier, Raster) and frontier.policy.plain_ar():
         res = autoregressive_decode(model, session, sampling, generators, progress,
                                     keys=loop.state.keys)
@@ -194,8 +190,22 @@ def decode(model: ImageModel, session: Session, rule: AcceptanceRule, sampling: 
         res = dataclasses.replace(res, accept_hist=hist)
     else:
         res = loop.run()
-    res.calibration_s = spent
+    if isinstance(frontier, Raster) and isinstance(frontier.policy, AutoWindow):
+        costs.save((0, *frontier.policy.candidates))
     return res
+
+
+def curve_tag(session: Session, sampling: SamplingConfig, rule: AcceptanceRule,
+              jacobi: JacobiConfig, tree: tuple | None = None) -> str:
+    """What else the cost of an iteration depends on, beside the model, batch and guidance:
+    the rule, the drafter, the verification, top-k / top-p work over the vocabulary, the
+    prompt's length (attention over it; bucketed by powers of two), a candidate tree."""
+    context = session.context_length()
+    verify = "gumbel" if gumbel_verification(jacobi, rule) else "ratio"
+    return (f"{rule.name}/{jacobi.draft_init}/{jacobi.coupling}/{verify}/"
+            f"top_k={sampling.top_k is not None}/top_p={sampling.top_p is not None}/"
+            f"context<={1 << max(context - 1, 0).bit_length()}"
+            + ("" if tree is None else f"/tree={tree[0]},{tree[1]},{tree[2]}"))
 
 
 def measure_cost_curve(model: ImageModel, session: Session, sampling: SamplingConfig,
@@ -215,7 +225,7 @@ def measure_cost_curve(model: ImageModel, session: Session, sampling: SamplingCo
     ratio. Runs on the decode's own session: what a window writes past a committed prefix never
     influences later results (the Session contract), so the measurement leaves no trace.
     tree: time a step with this candidate tree (tree.py) at each window instead of a chain.
-    Cached (window.cost_curve)."""
+    Cached (costs.cost_curve); what decodes of the setting start from afterwards."""
     rule = get_rule("sjd") if rule is None else rule
     jacobi = JacobiConfig(window=max(windows)) if jacobi is None else jacobi
     length, batch, dev = model.layout.length, session.batch_size, model.device
@@ -249,14 +259,7 @@ def measure_cost_curve(model: ImageModel, session: Session, sampling: SamplingCo
                         times[w].append(time.perf_counter() - t0)
         return times
 
-    # What else changes the cost: top-k / top-p work over the vocabulary, the prompt's length
-    # (attention over it; bucketed by powers of two).
-    context = session.context_length()
-    verify = "gumbel" if gumbel_verification(jacobi, rule) else "ratio"
-    tag = (f"{rule.name}/{jacobi.draft_init}/{jacobi.coupling}/{verify}/"
-           f"top_k={sampling.top_k is not None}/top_p={sampling.top_p is not None}/"
-           f"context<={1 << max(context - 1, 0).bit_length()}"
-           + ("" if tree is None else f"/tree={tree[0]},{tree[1]},{tree[2]}"))
+    tag = curve_tag(session, sampling, rule, jacobi, tree)
     with torch.inference_mode():
         return cost_curve(model, batch, sampling.uses_cfg, tag, windows, time_all)
 

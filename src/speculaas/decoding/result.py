@@ -18,8 +18,7 @@ class DecodeResult:
     distribution that decided each position. accept_hist [B, W]: how many iterations accepted
     0, 1, ..., W - 1 drafts. rule_seconds: time spent inside the acceptance rule.
     window_hist [B, W + 1]: forwards that ran each image with each window (the window policy
-    may vary it; AR: all at window 1). calibration_s: time spent timing the loop for the window
-    policy's cost curve (zero once it is cached), not part of the decode's own latency.
+    may vary it; AR: all at window 1).
     """
 
     tokens: torch.Tensor
@@ -31,7 +30,6 @@ class DecodeResult:
     iterations: int
     rule_seconds: float = 0.0
     window_hist: torch.Tensor | None = None
-    calibration_s: float = 0.0
 
     @property
     def mean_window(self) -> torch.Tensor:
@@ -60,5 +58,4 @@ class DecodeResult:
                    entropy=cat("entropy"), accept_hist=cat("accept_hist"),
                    iterations=sum(p.iterations for p in parts),
                    rule_seconds=sum(p.rule_seconds for p in parts),
-                   window_hist=cat("window_hist"),
-                   calibration_s=sum(p.calibration_s for p in parts))
+                   window_hist=cat("window_hist"))

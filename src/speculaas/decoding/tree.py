@@ -46,6 +46,7 @@ from ..acceptance.base import AcceptanceRule
 from ..config import SamplingConfig, tree_nodes
 from ..models.base import SCRATCH_SLOTS, ImageModel, Session
 from ..sampling import gumbel_argmax, sample_with_uniform, target_probs
+from .costs import CurveSource
 from .frontier import Plan, Raster
 from .state import DecodeState, Uniforms
 from .verify import Commit, Verdict, Window
@@ -178,12 +179,13 @@ TREE_PRIOR_TOKENS = {
 
 
 def tree_width(policy: AutoWindow, tree: tuple[int, int, int | None], batch: int,
-               lossless: bool, measure) -> int | None:  # noqa: ANN001
+               lossless: bool, costs: CurveSource) -> int | None:
     """window="auto" with a tree: the width at which the tree promises the most committed
     tokens per second, if that beats the chain's best window under the same policy by the
     policy's margin; None: decode the chain (the policy then picks its windows as usual).
-    Costs: the policy's given curve (where it lists the width), else measure(widths, tree)
-    (the loop's own tree step, timed and cached like the chain's)."""
+    Costs: the policy's given curve (where it lists the width), else the decode's starting
+    curve at the width (a tree step prices as a chain step of the same width: the forward is
+    the same size and the tree's mask and bookkeeping are small beside it)."""
     widths = []
     for w in TREE_WIDTHS:
         try:
@@ -194,19 +196,19 @@ def tree_width(policy: AutoWindow, tree: tuple[int, int, int | None], batch: int
     if not widths:
         return None
     kind = "lossless" if lossless else "relaxed"
-    chain = policy.cost if policy.cost is not None else measure((0, *policy.candidates))
+    chain = policy.start_curve(costs)
     rates = [prior_tokens(PRIOR_TOKENS[kind], w) / chain[w] for w in policy.candidates
              if w in chain]
     if 0 in chain:
         rates.append(1 / chain[0])
     if policy.cost is not None:
-        costs = {w: policy.cost[w] for w in widths if w in policy.cost}
+        widths_cost = {w: policy.cost[w] for w in widths if w in policy.cost}
     else:
-        costs = measure(tuple(widths), tree)
-    if not costs:
+        widths_cost = (costs.online or costs.open()).curve(widths)
+    if not widths_cost:
         return None
     rate, width = max((prior_tokens(TREE_PRIOR_TOKENS[kind], w) / t, w)
-                      for w, t in costs.items())
+                      for w, t in widths_cost.items())
     return width if rate > policy.margin * max(rates) else None
 
 

@@ -307,10 +307,12 @@ def serve(model_name: str = "builtin", host: str = "127.0.0.1", port: int = 7860
     from ..models import load_model
     from ..serve.app import run_beside
     from ..serve.engine import Engine
+    from ..serve.engine import Request as EngineRequest
 
     model = load_model(model_name, weights)
     if model.name != "builtin":
         raise ValueError("the demo takes caption prompts; use --model builtin")
     engine = Engine(model, max_batch=QUEUE_LIMIT, queue_size=2 * QUEUE_LIMIT)
     run_beside(engine, create_app(model, engine), host, port,
-               banner=f"speculaas demo on http://{host}:{port}")
+               banner=f"speculaas demo on http://{host}:{port}",
+               warm=EngineRequest(prompt=None, method="csd"))

@@ -40,8 +40,10 @@ def _error(message: str, status: int, kind: str = "invalid_request_error"):  # n
                                    "code": None}}, status_code=status, headers=headers)
 
 
-def parse(body: object, default_method: str = "sjd") -> list[Request]:
-    """The requests of one API call (n images, seeds seed .. seed + n - 1), or ValueError."""
+def parse(body: object, default_method: str = "sjd",
+          time_limit_s: float = TIME_LIMIT_S) -> list[Request]:
+    """The requests of one API call (n images, seeds seed .. seed + n - 1, each with
+    `time_limit_s` from now, queueing included), or ValueError."""
     if not isinstance(body, dict):
         raise ValueError("the request body must be a JSON object")
     known = ("prompt", "n", "response_format", *DECODE_FIELDS, *IGNORED, *RULE_OPTIONS)
@@ -81,23 +83,26 @@ def parse(body: object, default_method: str = "sjd") -> list[Request]:
     for key, value in sampling.items():
         if value is not None and not is_number(value):
             raise ValueError(f"'{key}' must be a number, got {value!r}")
-    deadline = time.monotonic() + TIME_LIMIT_S
+    deadline = time.monotonic() + time_limit_s
     return [Request(prompt=prompt, seed=int(seed) + i, method=method, window=window,
                     options=options, deadline=deadline, **sampling) for i in range(n)]
 
 
-def create_app(engine: Engine):  # noqa: ANN201
+def create_app(engine: Engine, time_limit_s: float = TIME_LIMIT_S):  # noqa: ANN201
     from fastapi import FastAPI
     from fastapi import Request as HTTPRequest
 
     app = FastAPI(title="speculaas images API")
 
     @app.get("/health")
-    def health() -> dict:
-        running = sum(r is not None for lane in engine.lanes.values() for r in lane.slots)
-        return {"status": "ok", "model": engine.model.name, "waiting": len(engine.waiting),
-                "running": running, "max_batch": engine.max_batch,
-                "queue_size": engine.queue_size}
+    def health():  # noqa: ANN202
+        from fastapi.responses import JSONResponse
+
+        running = sum(r is not None for lane in list(engine.lanes.values()) for r in lane.slots)
+        body = {"status": "warming_up" if engine.warming else "ok", "model": engine.model.name,
+                "waiting": len(engine.waiting), "running": running,
+                "max_batch": engine.max_batch, "queue_size": engine.queue_size}
+        return JSONResponse(body, status_code=503 if engine.warming else 200)
 
     @app.post("/v1/images/generations")
     async def generations(request: HTTPRequest):  # noqa: ANN202
@@ -106,7 +111,7 @@ def create_app(engine: Engine):  # noqa: ANN201
                 body = await request.json()
             except (ValueError, UnicodeDecodeError):
                 raise ValueError("the request body is not valid JSON") from None
-            reqs = parse(body)
+            reqs = parse(body, time_limit_s=time_limit_s)
             for r in reqs:
                 if engine.model.name == "tiny" and r.prompt.strip().isdigit():
                     r.prompt = int(r.prompt)  # the tiny model's prompts are class ids
@@ -149,6 +154,7 @@ def create_app(engine: Engine):  # noqa: ANN201
                           "step_compression": round(n_tokens / c.forward_passes, 3),
                           "windows": {str(w): k for w, k in c.windows.items()},
                           "queue_s": round(c.queue_s, 4), "decode_s": round(c.decode_s, 4),
+                          "warmup_s": round(c.warmup_s, 4),
                           "mean_batch": round(c.mean_batch, 2)})
         return {"created": int(time.time()), "data": data, "speculaas": stats}
 
@@ -156,19 +162,28 @@ def create_app(engine: Engine):  # noqa: ANN201
 
 
 def serve(model_name: str = "builtin", host: str = "127.0.0.1", port: int = 8000,
-          weights: str | None = None, max_batch: int = 8, queue_size: int = 64) -> None:
+          weights: str | None = None, max_batch: int = 8, queue_size: int = 64,
+          time_limit_s: float = TIME_LIMIT_S, warm_up_s: float = 120.0) -> None:
+    """Serve until Ctrl-C; first measure the default setting's cost curves for at most
+    `warm_up_s` seconds (0: none; /health answers 503 "warming_up" meanwhile)."""
     from ..models import load_model
 
+    if not time_limit_s > 0 or not warm_up_s >= 0:
+        raise ValueError(f"--time-limit must be > 0 and --warm-up >= 0 seconds, got "
+                         f"{time_limit_s}, {warm_up_s}")
     model = load_model(model_name, weights)
     engine = Engine(model, max_batch=max_batch, queue_size=queue_size)
-    run_beside(engine, create_app(engine), host, port)
+    warm = Request(prompt=None, method="sjd") if warm_up_s > 0 else None
+    run_beside(engine, create_app(engine, time_limit_s), host, port, warm=warm,
+               warm_up_s=warm_up_s)
 
 
 def run_beside(engine: Engine, app, host: str, port: int, banner: str | None = None,  # noqa: ANN001
-               ) -> None:
+               warm: Request | None = None, warm_up_s: float = 120.0) -> None:
     """The HTTP server on a thread, the engine on this (the main) thread, until Ctrl-C or the
     server stops (Engine.serve_forever says why the engine takes the main thread); uvicorn
-    leaves signals alone off the main thread, so Ctrl-C interrupts the engine here."""
+    leaves signals alone off the main thread, so Ctrl-C interrupts the engine here. warm: the
+    setting whose cost curves the engine measures before it serves (Engine.warm_up)."""
     import threading
 
     import uvicorn
@@ -185,8 +200,10 @@ def run_beside(engine: Engine, app, host: str, port: int, banner: str | None = N
           "GET /health", flush=True)
     watcher = threading.Thread(target=lambda: (thread.join(), engine.stop()), daemon=True)
     watcher.start()
+    if warm is not None:
+        engine.warming = True  # /health says so from its first answer
     try:
-        engine.serve_forever()
+        engine.serve_forever(warm, warm_up_s)
     finally:
         server.should_exit = True
         thread.join(timeout=10)

@@ -20,9 +20,10 @@ on the batch, as it does across machines.
 from __future__ import annotations
 
 import collections
+import sys
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 
 import torch
@@ -30,8 +31,9 @@ from PIL import Image
 
 from ..api import build_rule, resolve_sampling
 from ..config import DEFAULT_COUPLING, DEFAULT_DRAFT_INIT, JacobiConfig
+from ..decoding.costs import CurveSource
 from ..decoding.frontier import Raster
-from ..decoding.loop import Loop, measure_cost_curve
+from ..decoding.loop import Loop, curve_tag, measure_cost_curve
 from ..decoding.window import (
     CANDIDATES,
     PRIOR_TOKENS,
@@ -40,6 +42,18 @@ from ..decoding.window import (
     straggler_factor,
 )
 from ..models.base import ImageModel
+
+
+def _settle(future: Future, result: object = None, error: Exception | None = None) -> None:
+    """Give a request's future its outcome, unless it was cancelled from outside (a client's
+    `wait_for` timeout, say): then there is nobody to tell, and nothing may fail."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except InvalidStateError:
+        pass
 
 
 class QueueFull(RuntimeError):
@@ -72,7 +86,7 @@ class Request:
     batch_sum: int = 0  # images in the batch, summed over the iterations it took part in
     iterations: int = 0
     first_iteration: int = 0
-    calibration_s: float = 0.0
+    warmup_s: float = 0.0  # of queue_s: waiting while the server measured its cost curves
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def lane_key(self) -> tuple:
@@ -98,6 +112,7 @@ class Completion:
     queue_s: float
     decode_s: float
     mean_batch: float
+    warmup_s: float = 0.0
     commit_step: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
 
@@ -105,16 +120,16 @@ class Completion:
 class BatchWindow(WindowPolicy):
     """window="auto" for a batch whose size changes every iteration: for each batch size b, the
     window W maximising b E(W) / t_b(W) (E: the prior tokens per iteration, PRIOR_TOKENS; t_b:
-    the loop's measured cost curve at b images, measured at powers of two, each the first time
-    a batch of its sizes runs, and used for the sizes up to the next; a batch of b takes its
-    slowest image's iterations, as in AutoWindow), or W = 1 (a one-token step) where no window
-    beats plain AR by `margin`."""
+    the cost curve at b images, for batch sizes at powers of two, each used for the sizes up to
+    the next: this machine's stored curve (the server measures its default setting's before it
+    reports healthy, `Engine.warm_up`), else the device kind's reference; a batch of b takes
+    its slowest image's iterations, as in AutoWindow), or W = 1 (a one-token step) where no
+    window beats plain AR by `margin`. Never times anything itself, so no request waits."""
 
     def __init__(self, model: ImageModel, rule, sampling, jacobi: JacobiConfig,  # noqa: ANN001
-                 capacity: int, margin: float = 1.05, spread: float = 0.035) -> None:
+                 capacity: int, tag: str, margin: float = 1.05, spread: float = 0.035) -> None:
         super().__init__(max(CANDIDATES))
-        self.model, self.rule, self.sampling, self.jacobi = model, rule, sampling, jacobi
-        self.margin = margin
+        self.model, self.sampling, self.tag, self.margin = model, sampling, tag, margin
         self.prior = PRIOR_TOKENS["lossless" if rule.exact else "relaxed"]
         self.windows = torch.tensor(CANDIDATES)
         self.straggle = straggler_factor(self.windows, capacity, spread)
@@ -125,13 +140,13 @@ class BatchWindow(WindowPolicy):
         self._table: torch.Tensor | None = None
 
     def ensure(self, batch: int) -> None:
-        """Measure the curve that batch size `batch` needs, if not yet (cached on disk too)."""
+        """Read the curve that batch size `batch` needs, if not yet (no timing)."""
         at = next(s for s in self.buckets if s >= batch)
         if at in self.known:
             return
-        session = self.model.start([None] * at, cfg=self.sampling.uses_cfg)
-        t = measure_cost_curve(self.model, session, self.sampling, (0, *CANDIDATES), self.rule,
-                               self.jacobi)
+        source = CurveSource(self.model, at, self.sampling.uses_cfg, self.tag, learn=False,
+                             machine=True)
+        t = source.open().curve((0, *CANDIDATES))
         lower = max([s for s in self.buckets if s < at], default=0)
         cost = torch.tensor([t[w] for w in CANDIDATES])
         for b in range(lower + 1, at + 1):
@@ -160,10 +175,12 @@ class Lane:
         window = 1 if req.method == "ar" else req.window
         jacobi = JacobiConfig(window=window if window != "auto" else max(CANDIDATES),
                               coupling=req.coupling, draft_init=req.draft_init)
-        policy = (BatchWindow(model, self.rule, self.sampling, jacobi, capacity)
+        self.session = model.start([None] * capacity, cfg=self.sampling.uses_cfg)
+        self.jacobi = jacobi
+        self.tag = curve_tag(self.session, self.sampling, self.rule, jacobi)
+        policy = (BatchWindow(model, self.rule, self.sampling, jacobi, capacity, self.tag)
                   if window == "auto" else WindowPolicy(int(window)))
         self.policy = policy
-        self.session = model.start([None] * capacity, cfg=self.sampling.uses_cfg)
         gens = [torch.Generator(device=model.device).manual_seed(0) for _ in range(capacity)]
         self.loop = Loop(model, self.session, self.rule, self.sampling, jacobi,
                          Raster(model, policy), gens)
@@ -201,11 +218,8 @@ class Lane:
         for r in active:
             r.batch_sum += len(active)
             r.iterations += 1
-        if isinstance(self.policy, BatchWindow):  # a first batch of this size: time the windows
-            t0 = time.monotonic()
+        if isinstance(self.policy, BatchWindow):  # a first batch of this size: read its curve
             self.policy.ensure(len(active))
-            for r in active:  # left out of decode_s, as generate() leaves it out of latency_s
-                r.calibration_s += time.monotonic() - t0
         self.loop.step()
         state, lay = self.loop.state, self.model.layout
         grid = (lay.grid[0], lay.grid[1])
@@ -225,7 +239,8 @@ class Lane:
                 forward_passes=int(state.forward_passes[row]),
                 windows={w: n for w, n in enumerate(hist) if n},
                 queue_s=req.started - req.submitted,
-                decode_s=now - req.started - req.calibration_s,
+                decode_s=now - req.started,
+                warmup_s=req.warmup_s,
                 mean_batch=req.batch_sum / max(req.iterations, 1),
                 commit_step=(steps - req.first_iteration).reshape(grid).cpu(),
                 entropy=ent.reshape(grid).cpu())))
@@ -238,19 +253,48 @@ class Engine:
 
     submit() queues a request (QueueFull beyond `queue_size` waiting) and returns its Future;
     a background thread (start()) or run_once() calls admit waiting requests where their lane
-    has a free row, drop cancelled or expired ones, and step every busy lane once."""
+    has a free row, drop cancelled or expired ones, and step every busy lane once. A future
+    cancelled from outside retires its request within one iteration. Lanes without requests
+    beyond `idle_lanes` are freed, least recently used first, so memory stays bounded whatever
+    settings clients send."""
 
-    def __init__(self, model: ImageModel, max_batch: int = 8, queue_size: int = 64) -> None:
+    def __init__(self, model: ImageModel, max_batch: int = 8, queue_size: int = 64,
+                 idle_lanes: int = 2) -> None:
         if max_batch < 1 or queue_size < 1:
             raise ValueError(f"max_batch and queue_size must be >= 1, got {max_batch}, "
                              f"{queue_size}")
         self.model, self.max_batch, self.queue_size = model, max_batch, queue_size
+        self.idle_lanes = idle_lanes  # lanes kept without requests (KV rows, noise table)
         self.waiting: collections.deque[Request] = collections.deque()
         self.lanes: dict[tuple, Lane] = {}
         self.wake = threading.Condition()
         self.thread: threading.Thread | None = None
         self.running = False
         self.batch_log: list[int] = []  # images stepped per iteration (all lanes)
+        self.warming = False  # measuring cost curves (warm_up): /health says so
+        self.warm_end: float | None = None
+
+    def warm_up(self, req: Request, budget_s: float = 120.0) -> None:
+        """Measure, before serving, the cost curves that window="auto" lanes of `req`'s setting
+        read (batch sizes at powers of two up to max_batch; cached on disk, so a restart on the
+        same machine reads them). Bounded: sizes not reached within `budget_s` use the device
+        kind's reference curve. Requests submitted meanwhile wait in the queue."""
+        self.warming = True
+        try:
+            lane = Lane(self.model, req, self.max_batch)
+            if not isinstance(lane.policy, BatchWindow):
+                return
+            deadline = time.monotonic() + budget_s
+            for b in lane.policy.buckets:
+                if time.monotonic() > deadline:
+                    print(f"speculaas: warm-up stopped after {budget_s:.0f} s; batch sizes from "
+                          f"{b} on use the reference cost curve", file=sys.stderr, flush=True)
+                    break
+                session = self.model.start([None] * b, cfg=lane.sampling.uses_cfg)
+                measure_cost_curve(self.model, session, lane.sampling, (0, *CANDIDATES),
+                                   lane.rule, lane.jacobi)
+        finally:
+            self.warming, self.warm_end = False, time.monotonic()
 
     def check(self, req: Request) -> None:
         """The ValueError a request would meet (bad method, options, prompt) before queueing."""
@@ -269,11 +313,11 @@ class Engine:
         return req.future
 
     def _expired(self, req: Request, now: float) -> bool:
-        if req.cancelled.is_set():
-            req.future.set_exception(Cancelled("cancelled"))
+        if req.cancelled.is_set() or req.future.cancelled():
+            _settle(req.future, error=Cancelled("cancelled"))
             return True
         if req.deadline is not None and now > req.deadline:
-            req.future.set_exception(Cancelled("its time limit ran out"))
+            _settle(req.future, error=Cancelled("its time limit ran out"))
             return True
         return False
 
@@ -296,15 +340,18 @@ class Engine:
                 try:
                     lane = self.lanes[key] = Lane(self.model, req, self.max_batch)
                 except ValueError as e:
-                    req.future.set_exception(e)
+                    _settle(req.future, error=e)
                     admitted.append(req)
                     continue
+            self.lanes[key] = self.lanes.pop(key)  # most recently used last
             free = lane.free()
             if free:
+                if self.warm_end is not None:
+                    req.warmup_s = max(0.0, min(self.warm_end, time.monotonic()) - req.submitted)
                 try:
                     lane.admit(free[0], req)
                 except Exception as e:  # noqa: BLE001 - this request fails, the others go on
-                    req.future.set_exception(e)
+                    _settle(req.future, error=e)
                 admitted.append(req)
         with self.wake:
             for req in admitted:
@@ -315,18 +362,24 @@ class Engine:
                 continue
             stepped += sum(r is not None for r in lane.slots)
             for req, done in lane.step():
-                req.future.set_result(done)
+                _settle(req.future, result=done)
         if stepped:
             self.batch_log.append(stepped)
+        idle = [k for k, lane in self.lanes.items() if not lane.busy()]
+        for key in idle[: max(0, len(idle) - self.idle_lanes)]:  # least recently used first
+            del self.lanes[key]
         return bool(stepped) or bool(self.waiting)
 
-    def serve_forever(self) -> None:
+    def serve_forever(self, warm: Request | None = None, budget_s: float = 120.0) -> None:
         """Run the engine in this thread until stop(). Servers run it on the main thread and
         the HTTP server beside it: on a 2-core CPU, PyTorch's kernels called from a second
         thread ran 1.3-1.9x slower (sjd, window 16: 1.3-1.7 s per image against 0.78 s on the
         main thread, the same forwards), as the second thread gets an OpenMP team of its own
-        beside the main thread's."""
+        beside the main thread's. warm: measure the cost curves of this request's setting
+        first (warm_up), while /health says "warming_up"."""
         self.running = True
+        if warm is not None:
+            self.warm_up(warm, budget_s)
         self._serve()
 
     def _serve(self) -> None:
@@ -347,7 +400,7 @@ class Engine:
             for row, req in enumerate(lane.slots):
                 if req is not None:
                     lane.drop(row)
-                    req.future.set_exception(error)
+                    _settle(req.future, error=error)
         self.lanes.clear()
 
     def start(self) -> Engine:
