@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import speculaas as sp
+from speculaas.acceptance import functional as F
 from speculaas.api import build_rule
 from speculaas.decoding.drafting import Independent, Maximal
 from speculaas.decoding.state import Uniforms
@@ -151,3 +152,27 @@ def test_settle_commits_and_keeps_the_right_slots():
     c = settle(w, v, torch.tensor([True, True]), limit=torch.tensor([0, 0]))
     assert c.tail[1].tolist() == [False, True, True]
     assert torch.equal(c.laws[1, 1], w.draft_probs[1, 1])
+
+
+@pytest.mark.parametrize("method,options", [
+    ("addition", {"eps": 0.3}), ("csd", {}), ("csd", {"lam": 2.0, "delta": 1.0}), ("gsd", {}),
+    ("lantern", {}), ("amplify", {"k": 3.0})])
+def test_no_relaxed_rule_commits_a_token_the_target_forbids(method, options):
+    # Row ends: the end-of-row id (vocab_size) has target probability 0 at every image cell,
+    # yet uniform fresh drafts propose it and every relaxed formula would keep some of them.
+    m = sp.load_model("tiny", vocab_size=6, grid=(3, 4), seed=1, row_end=True)
+    out = sp.generate(m, [3] * 80, method=method, window=8, draft_init="uniform", seed=0,
+                      decode_images=False, **options)
+    assert int(out.tokens.max()) < 6, method
+
+
+def test_tv_is_exactly_one_for_disjoint_supports():
+    g = torch.Generator().manual_seed(0)
+    target = torch.softmax(torch.randn(200, 8, generator=g), -1)
+    target[:, 7] = 0
+    target = target / target.sum(-1, keepdim=True)
+    draft = torch.nn.functional.one_hot(torch.full((200,), 7), 8).float()
+    assert (F.total_variation(draft, target) == 1.0).all()
+    rule = sp.acceptance.get("csd", lam=5.0, delta=1.0)
+    tokens = torch.full((200, 1), 7)
+    assert (rule.acceptance_probs(tokens, draft[:, None], target[:, None]) == 0).all()

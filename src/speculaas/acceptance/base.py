@@ -68,6 +68,18 @@ class AcceptanceRule:
         """The rule's math without input checks (the decoding loop's hot path). -> [B, K]."""
         return Fn.acceptance_ratio(draft_tokens, draft_probs, target_probs).clamp(max=1.0)
 
+    def supported_acceptance(
+        self, draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor
+    ) -> torch.Tensor:
+        """compute_acceptance, but 0 for a draft the target gives probability 0 (a structural
+        id inside an image row, a token outside top-k / top-p): what the loop verifies with.
+        The lossless rule gives such a draft 0 already; the relaxed formulas (an added eps or
+        lam * H, a group's or neighbours' mass) would keep it, and a token the sampling setup
+        forbids is never a sample of the target, however relaxed. -> [B, K]."""
+        accept = self.compute_acceptance(draft_tokens, draft_probs, target_probs)
+        allowed = target_probs.gather(-1, draft_tokens[..., None])[..., 0] > 0
+        return torch.where(allowed, accept, torch.zeros_like(accept))
+
     def compute_residual(
         self,
         draft_probs: torch.Tensor,
@@ -83,7 +95,7 @@ class AcceptanceRule:
         """draft_tokens [B, K] int64; draft_probs, target_probs [B, K, V] (rows sum to 1)
         -> probability of keeping each draft, [B, K] in [0, 1]. Checks its inputs."""
         check_inputs(draft_tokens, draft_probs, target_probs)
-        return self.compute_acceptance(draft_tokens, draft_probs, target_probs)
+        return self.supported_acceptance(draft_tokens, draft_probs, target_probs)
 
     def residual_probs(
         self,

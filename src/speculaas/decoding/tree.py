@@ -329,7 +329,8 @@ class Tree(Raster):
                 has = nxt < L - 1
                 at = nxt.clamp(max=L - 2)
                 dj, pj = w.drafts[rows, at][:, None], w.draft_probs[rows, at][:, None]
-                ok = u.accept[rows, nxt] < self.rule.compute_acceptance(dj, pj, qn[:, None])[:, 0]
+                ok = u.accept[rows, nxt] < self.rule.supported_acceptance(dj, pj,
+                                                                          qn[:, None])[:, 0]
                 res = self.rule.compute_residual(pj, qn[:, None], dj)[:, 0]
                 law = torch.where((has & ~ok)[:, None], res, qn)  # no draft there: a bonus
                 new = torch.where(has & ok, dj[:, 0], sample_with_uniform(law, u.redraw[rows, nxt]))

@@ -95,7 +95,7 @@ def verify(rule: AcceptanceRule, coupling: Coupling, w: Window, u: Uniforms,
         best = gumbel_argmax(q, w.noise)  # [G, L]: the AR sample of every slot
         ok = w.drafts == best[:, :K]
     else:
-        ok = u.accept[:, :K] < rule.compute_acceptance(w.drafts, w.draft_probs, q[:, :K])
+        ok = u.accept[:, :K] < rule.supported_acceptance(w.drafts, w.draft_probs, q[:, :K])
     if w.forced is not None:
         ok |= w.forced >= 0
     accepted = first_rejection(ok & real)
