@@ -55,8 +55,9 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def serve_process(*args: str, wait_s: float = 60.0):
-    """`speculaas serve ARGS` on a free loopback port: yields its base URL once /health answers
-    (the server's output in the error if it never does); terminated on exit."""
+    """`speculaas serve ARGS` on a free loopback port: yields its base URL once /health says ok
+    (the server's output in the error if it never does); terminated on exit. Without a
+    --warm-up in ARGS the server skips its warm-up (tests of the warm-up ask for it)."""
     import subprocess
     import sys
     import time
@@ -64,21 +65,21 @@ def serve_process(*args: str, wait_s: float = 60.0):
     import httpx
 
     port = free_port()
+    if "--warm-up" not in args:
+        args = (*args, "--warm-up", "0")
     proc = subprocess.Popen([sys.executable, "-m", "speculaas.cli", "serve", "--port", str(port),
                              *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + wait_s
         while True:
-            try:
+            with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{url}/health", timeout=1).status_code == 200:
                     break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    proc.kill()
-                    raise RuntimeError(f"speculaas serve did not start: {proc.stdout.read()}") \
-                        from None
-                time.sleep(0.1)
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError(f"speculaas serve did not start: {proc.stdout.read()}")
+            time.sleep(0.1)
         yield url
     finally:
         proc.terminate()

@@ -223,3 +223,13 @@ def test_health_says_warming_up_until_the_warm_up_ends(tiny):
     assert r.status_code == 503 and r.json()["status"] == "warming_up"
     engine.warming = False
     assert client.get("/health").json()["status"] == "ok"
+
+
+def test_a_served_warm_up_says_warming_up_then_ok(tmp_path, monkeypatch):
+    import httpx
+
+    monkeypatch.setenv("SPECULAAS_CACHE_DIR", str(tmp_path))  # nothing measured yet
+    with serve_process("--model", "tiny", "--max-batch", "2", "--warm-up", "60") as url:
+        health = httpx.get(f"{url}/health", timeout=5).json()
+        assert health["status"] == "ok"
+    assert (tmp_path / "cost_curves.json").is_file()  # measured before it said ok
