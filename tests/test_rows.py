@@ -192,3 +192,15 @@ def test_every_target_of_a_two_dimensional_decode_sees_exactly_the_committed_con
                 torch.ones(1, n, dtype=torch.bool))  # a fresh cache: every key at its position
             assert torch.allclose(cond[s], ref[0, -1], atol=1e-5), (i, s, anchor)
     assert side_by_side > 2 and stand_ins > 0  # lower rows really ran, some behind stand-ins
+
+
+def test_unconditional_rows_read_their_own_last_prompt_token(tiny):
+    # An unconditional prompt that ends in another token than the conditional one: the raster
+    # forward must feed each half its own (the packed forward always did).
+    session = tiny.start([1, 2], cfg=True)
+    window, at, images = torch.zeros(2, 3, dtype=torch.long), torch.tensor([0, 4]), torch.arange(2)
+    cond, uncond = session.forward(window.clone(), at, images)
+    session.last_prompt[2:] = (session.last_prompt[2:] + 1) % 12
+    cond2, uncond2 = session.forward(window.clone(), at, images)
+    assert torch.equal(cond, cond2) and torch.equal(uncond[1], uncond2[1])  # offset 4: no anchor
+    assert not torch.allclose(uncond[0], uncond2[0])

@@ -220,9 +220,9 @@ class PrefixDecoderSession(Session):
     def forward(self, inputs, offset, images, max_offset=None):  # noqa: ANN001, ANN201
         rows = torch.cat([images, images + self.batch_size]) if self.cfg else images
         ids = inputs + self.token_offset
-        ids[:, 0] = torch.where(offset == 0, self.last_prompt[images], ids[:, 0])
-        if self.cfg:
+        if self.cfg:  # each half's anchor at offset 0 is its own prompt's last token
             ids, offset = torch.cat([ids, ids]), torch.cat([offset, offset])
+        ids[:, 0] = torch.where(offset == 0, self.last_prompt[rows], ids[:, 0])
         pos = self.prompt_len - 1 + offset[:, None] + torch.arange(ids.shape[1], device=ids.device)
         # Slots past a row's last position carry no information; park them on the last cache
         # slot, which no valid query ever reads.
