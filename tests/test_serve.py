@@ -123,6 +123,25 @@ def test_the_openai_client_generates_an_image(server):
         client.images.generate(model="tiny", prompt="3", response_format="url")
 
 
+def test_the_model_must_be_served_and_the_size_is_honoured(server):
+    from openai import BadRequestError, NotFoundError, OpenAI
+
+    client = OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(NotFoundError, match="dall-e-3") as e:
+        client.images.generate(model="dall-e-3", prompt="3")
+    assert e.value.body["code"] == "model_not_found"
+    native = client.images.generate(model="tiny", prompt="3", extra_body={"window": 4})
+    small = Image.open(io.BytesIO(base64.b64decode(native.data[0].b64_json)))
+    side = small.width
+    big = client.images.generate(model="tiny", prompt="3", size=f"{3 * side}x{3 * side}",
+                                 extra_body={"window": 4})
+    image = Image.open(io.BytesIO(base64.b64decode(big.data[0].b64_json)))
+    assert image.size == (3 * side, 3 * side)
+    assert image.resize(small.size, Image.NEAREST).tobytes() == small.tobytes()
+    with pytest.raises(BadRequestError, match="multiple of the model's"):
+        client.images.generate(model="tiny", prompt="3", size=f"{side + 1}x{side + 1}")
+
+
 def test_the_server_answers_400_and_503_and_keeps_serving(server):
     import httpx
 
@@ -233,3 +252,25 @@ def test_a_served_warm_up_says_warming_up_then_ok(tmp_path, monkeypatch):
         health = httpx.get(f"{url}/health", timeout=5).json()
         assert health["status"] == "ok"
     assert (tmp_path / "cost_curves.json").is_file()  # measured before it said ok
+
+
+def test_every_call_gets_an_id_and_a_line_in_the_access_log(tiny, caplog):
+    import logging
+
+    from fastapi.testclient import TestClient
+
+    from speculaas.serve.app import create_app
+
+    engine = Engine(tiny, max_batch=2).start()
+    try:
+        client = TestClient(create_app(engine))
+        with caplog.at_level(logging.INFO, logger="speculaas.serve.access"):
+            bad = client.post("/v1/images/generations", json={"prompt": "3", "n": 0})
+            ok = client.post("/v1/images/generations",
+                             json={"prompt": "3", "window": 4, "method": "csd"})
+    finally:
+        engine.stop()
+    assert bad.status_code == 400 and ok.status_code == 200
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0].startswith(f"{bad.headers['x-request-id']} 400 ") and "'n'" in lines[0]
+    assert lines[1].startswith(f"{ok.headers['x-request-id']} 200 n=1 method=csd ")

@@ -260,15 +260,18 @@ def cmd_captions() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     from . import __doc__ as doc
+    from . import __version__
 
     parser = argparse.ArgumentParser(prog="speculaas", description=doc)
+    parser.add_argument("--version", action="version", version=f"speculaas {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="generate images and their acceptance maps",
                        formatter_class=HELP)
     g.add_argument("--prompt", action="append", required=True,
                    help="caption, class id, ids:1,2,3 (token ids), FILE.pt (caption "
-                        "embeddings) or 'none'; repeat for several")
+                        "embeddings) or 'none'; repeat for several. The built-in model's "
+                        "captions: `speculaas captions`")
     g.add_argument("--num-images", type=int, default=1, help="images per prompt")
     g.add_argument("--method", default="csd", choices=METHODS, help="decoding method")
     g.add_argument("--seed", type=int, default=0, help="image i of the call uses seed + i")
@@ -295,7 +298,9 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--weights", default=None, help="local weights folder or hub name")
     b.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     b.add_argument("--dtype", default=None, help="e.g. bfloat16 (None: the weights' own)")
-    b.add_argument("--model-opt", action="append", default=[], metavar="KEY=VALUE")
+    b.add_argument("--model-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="adapter option, e.g. vq=vq_ds16_c2i.pt, image_size=384, grid=48,48 "
+                        "(as generate's)")
     b.add_argument("--window", type=_window, default=None,
                    help="default window of every variant (a variant's window= overrides it); "
                         "default: auto, 16 for variants with row_context")

@@ -1,21 +1,31 @@
 """`speculaas serve`: an OpenAI-style images endpoint over the continuous-batching engine.
 
     POST /v1/images/generations  {"prompt": "...", "n": 1, "response_format": "b64_json",
-                                  + ours: "method", "seed", "window", "lam", "delta",
-                                  "temperature", "top_k", "top_p", "cfg_scale"}
+                                  "model": the served one, "size": "WxH" (a multiple of the
+                                  model's own), + ours: "method" (default sjd: every image
+                                  is AR's sample for its seed, whoever shares its batch),
+                                  "seed", "window", "lam", "delta", "temperature", "top_k",
+                                  "top_p", "cfg_scale"}
         -> {"created": ..., "data": [{"b64_json": PNG}], "speculaas": [per-image statistics]}
-    GET  /health                 -> {"status": "ok", "waiting": ..., "running": ..., ...}
+    GET  /health                 -> {"status": "ok" | "warming_up" (503), "waiting": ..., ...}
 
-Bad requests get 400 with OpenAI's error shape ({"error": {"message", "type"}}), a full queue
-503 (Retry-After); a request whose client leaves, or whose time limit runs out, leaves the
-batch within one iteration.
+Bad requests get 400 with OpenAI's error shape ({"error": {"message", "type", "code"}}), an
+unknown model 404 model_not_found, a full queue 503 (Retry-After); a request whose client
+leaves, or whose time limit runs out, leaves the batch within one iteration. Every call gets an
+id (the x-request-id header) and one line in the access log.
 """
 
 
 import asyncio
 import base64
 import io
+import json
+import logging
 import time
+import uuid
+
+import torch
+from PIL import Image
 
 from ..checks import is_integer, is_number
 from ..config import METHODS, RULE_DEFAULTS
@@ -24,20 +34,50 @@ from .engine import Cancelled, Engine, QueueFull, Request
 MAX_N = 8
 MAX_PROMPT_CHARS = 1000
 TIME_LIMIT_S = 300.0
+# One line per API call (serve() sends it to stderr with a time stamp): what an operator needs to
+# answer "what happened to request X" (the client sees X as the x-request-id header).
+ACCESS_LOG = logging.getLogger("speculaas.serve.access")
 # Our fields beside OpenAI's, and the rule options of every method (config.RULE_DEFAULTS).
 DECODE_FIELDS = ("method", "seed", "window", "temperature", "top_k", "top_p", "cfg_scale")
 RULE_OPTIONS = tuple(sorted({k for opts in RULE_DEFAULTS.values() for k in opts}))
-# OpenAI fields we accept and ignore: the model is the one this server loaded, the size its
-# own, the user an opaque tag.
-IGNORED = ("model", "size", "user", "quality", "style")
+# OpenAI fields we read beside the prompt: the model must be the one this server loaded (else
+# 404 model_not_found, as OpenAI answers), the size a square multiple of the model's own
+# (upscaled by nearest neighbour, as the CLI's --scale); the rest are accepted and ignored.
+CHECKED = ("model", "size")
+IGNORED = ("user", "quality", "style")
+MAX_SIDE = 2048
 
 
-def _error(message: str, status: int, kind: str = "invalid_request_error"):  # noqa: ANN202
+class ModelNotFound(ValueError):
+    """The request names a model this server does not serve."""
+
+
+def check_model_and_size(body: dict, served: str, native: tuple[int, int]) -> int:
+    """The upscale factor the request's "size" asks for (1 without one), or ModelNotFound /
+    ValueError naming what is valid."""
+    model = body.get("model")
+    if model is not None and model != served:
+        raise ModelNotFound(f"the model {model!r} does not exist here; this server serves "
+                            f"{served!r}")
+    size = body.get("size")
+    if size is None or size == "auto":
+        return 1
+    w, h = native
+    valid = [f"{w * k}x{h * k}" for k in range(1, MAX_SIDE // max(w, h) + 1)]
+    if size not in valid:
+        shown = ", ".join(valid[:4] + (["...", valid[-1]] if len(valid) > 4 else []))
+        raise ValueError(f"'size' must be 'auto' or a multiple of the model's {w}x{h}: "
+                         f"{shown}; got {size!r}")
+    return valid.index(size) + 1
+
+
+def _error(message: str, status: int, kind: str = "invalid_request_error",  # noqa: ANN202
+           code: str | None = None):
     from fastapi.responses import JSONResponse
 
     headers = {"Retry-After": "5"} if status == 503 else None
     return JSONResponse({"error": {"message": message, "type": kind, "param": None,
-                                   "code": None}}, status_code=status, headers=headers)
+                                   "code": code}}, status_code=status, headers=headers)
 
 
 def parse(body: object, default_method: str = "sjd",
@@ -46,7 +86,8 @@ def parse(body: object, default_method: str = "sjd",
     `time_limit_s` from now, queueing included), or ValueError."""
     if not isinstance(body, dict):
         raise ValueError("the request body must be a JSON object")
-    known = ("prompt", "n", "response_format", *DECODE_FIELDS, *IGNORED, *RULE_OPTIONS)
+    known = ("prompt", "n", "response_format", *DECODE_FIELDS, *CHECKED, *IGNORED,
+             *RULE_OPTIONS)
     unknown = sorted(set(body) - set(known))
     if unknown:
         raise ValueError(f"unknown field(s) {unknown}; known: {', '.join(known)}")
@@ -93,6 +134,9 @@ def create_app(engine: Engine, time_limit_s: float = TIME_LIMIT_S):  # noqa: ANN
     from fastapi import Request as HTTPRequest
 
     app = FastAPI(title="speculaas images API")
+    length = engine.model.layout.length
+    native = engine.model.decode(torch.zeros(1, length, dtype=torch.long,
+                                             device=engine.model.device))[0].size
 
     @app.get("/health")
     def health():  # noqa: ANN202
@@ -106,16 +150,37 @@ def create_app(engine: Engine, time_limit_s: float = TIME_LIMIT_S):  # noqa: ANN
 
     @app.post("/v1/images/generations")
     async def generations(request: HTTPRequest):  # noqa: ANN202
+        """One line in the access log per call: its id (also the x-request-id header), status,
+        images, method, seconds, and the error's message where it failed."""
+        from fastapi.responses import JSONResponse
+
+        rid, t0, seen = uuid.uuid4().hex[:12], time.monotonic(), {}
+        response = await _generate(request, seen)
+        if isinstance(response, dict):
+            response = JSONResponse(response)
+        line = (f"{rid} {response.status_code} n={seen.get('n', '-')} "
+                f"method={seen.get('method', '-')} {time.monotonic() - t0:.2f}s")
+        if response.status_code >= 400:
+            line += " " + json.loads(response.body)["error"]["message"]
+        ACCESS_LOG.info(line)
+        response.headers["x-request-id"] = rid
+        return response
+
+    async def _generate(request: HTTPRequest, seen: dict):  # noqa: ANN202
         try:
             try:
                 body = await request.json()
             except (ValueError, UnicodeDecodeError):
                 raise ValueError("the request body is not valid JSON") from None
             reqs = parse(body, time_limit_s=time_limit_s)
+            seen.update(n=len(reqs), method=reqs[0].method)
+            scale = check_model_and_size(body, engine.model.name, native)
             for r in reqs:
                 if engine.model.name == "tiny" and r.prompt.strip().isdigit():
                     r.prompt = int(r.prompt)  # the tiny model's prompts are class ids
                 engine.check(r)
+        except ModelNotFound as e:
+            return _error(str(e), 404, code="model_not_found")
         except ValueError as e:
             return _error(str(e), 400)
         if len(engine.waiting) + len(reqs) > engine.queue_size:
@@ -147,7 +212,9 @@ def create_app(engine: Engine, time_limit_s: float = TIME_LIMIT_S):  # noqa: ANN
         data, stats = [], []
         for c in done:
             buf = io.BytesIO()
-            c.image.save(buf, format="PNG")
+            image = c.image if scale == 1 else c.image.resize(
+                (c.image.width * scale, c.image.height * scale), Image.NEAREST)
+            image.save(buf, format="PNG")
             data.append({"b64_json": base64.b64encode(buf.getvalue()).decode()})
             n_tokens = len(c.tokens)
             stats.append({"forward_passes": c.forward_passes,
@@ -172,6 +239,10 @@ def serve(model_name: str = "builtin", host: str = "127.0.0.1", port: int = 8000
         raise ValueError(f"--time-limit must be > 0 and --warm-up >= 0 seconds, got "
                          f"{time_limit_s}, {warm_up_s}")
     model = load_model(model_name, weights)
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    ACCESS_LOG.addHandler(handler)
+    ACCESS_LOG.setLevel(logging.INFO)
     engine = Engine(model, max_batch=max_batch, queue_size=queue_size)
     warm = Request(prompt=None, method="sjd") if warm_up_s > 0 else None
     run_beside(engine, create_app(engine, time_limit_s), host, port, warm=warm,

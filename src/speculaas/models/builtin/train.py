@@ -37,6 +37,31 @@ from .judge import Judge, images_to_tensor, scene_labels
 from .scenes import CAPTION_LEN, WORDS, sample_scenes, tokenize_caption
 
 
+# What each TrainConfig field sets (`speculaas train --help` shows these with the defaults).
+OPTION_HELP = {
+    "seed": "seed of the scenes, initialisation and batches",
+    "vq_steps": "training steps of the VQ tokenizer",
+    "vq_batch": "images per tokenizer step",
+    "vq_lr": "tokenizer learning rate",
+    "judge_steps": "training steps of the caption judge (the fidelity metric)",
+    "judge_batch": "images per judge step",
+    "ar_scenes": "distinct captioned scenes the transformer trains on",
+    "ar_steps": "training steps of the AR transformer",
+    "ar_batch": "sequences per transformer step",
+    "ar_lr": "transformer peak learning rate",
+    "ar_warmup": "linear warm-up steps of the transformer's learning rate",
+    "ar_refine_steps": "steps at the lower refine learning rate after the main run",
+    "ar_refine_lr": "transformer learning rate of the refine steps",
+    "caption_dropout": "share of captions replaced by the null prefix (what guidance needs)",
+    "d_model": "transformer width",
+    "n_layers": "transformer layers",
+    "n_heads": "attention heads (must divide the width)",
+    "checkpoint_every": "steps between checkpoints (a killed run resumes from the last)",
+    "threads": "CPU threads torch may use",
+    "device": "cpu, cuda or cuda:N",
+}
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     seed: int = 0
@@ -425,11 +450,13 @@ def train(cfg: TrainConfig, out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="speculaas train", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="speculaas train", description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--out", required=True, help="folder of the run (checkpoints, weights)")
     for name, field in TrainConfig.__dataclass_fields__.items():
         parser.add_argument(
-            f"--{name.replace('_', '-')}", type=type(field.default), default=field.default
+            f"--{name.replace('_', '-')}", type=type(field.default), default=field.default,
+            help=OPTION_HELP[name],
         )
     args = parser.parse_args(argv)
     cfg = TrainConfig(**{k: getattr(args, k) for k in TrainConfig.__dataclass_fields__})
