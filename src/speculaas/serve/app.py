@@ -259,6 +259,8 @@ def run_beside(engine: Engine, app, host: str, port: int, banner: str | None = N
 
     import uvicorn
 
+    if warm is not None:
+        engine.warming = True  # /health says so from its first answer
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="speculaas-http", daemon=True)
     thread.start()
@@ -271,8 +273,6 @@ def run_beside(engine: Engine, app, host: str, port: int, banner: str | None = N
           "GET /health", flush=True)
     watcher = threading.Thread(target=lambda: (thread.join(), engine.stop()), daemon=True)
     watcher.start()
-    if warm is not None:
-        engine.warming = True  # /health says so from its first answer
     try:
         engine.serve_forever(warm, warm_up_s)
     finally:
