@@ -150,8 +150,8 @@ def test_the_server_answers_400_and_503_and_keeps_serving(server):
     assert bad.status_code == 400 and "'n'" in bad.json()["error"]["message"]
     bad = httpx.post(gen, content=b"{not json", headers={"content-type": "application/json"})
     assert bad.status_code == 400
-    full = httpx.post(gen, json={"prompt": "3", "n": 8})  # more than the queue of 3 takes
-    assert full.status_code == 503 and full.headers["retry-after"] == "5"
+    more = httpx.post(gen, json={"prompt": "3", "n": 8})  # more than the queue of 3 can ever take
+    assert more.status_code == 400 and "at most 3 per call" in more.json()["error"]["message"]
     ok = httpx.post(gen, json={"prompt": "3", "seed": 1, "window": 4}, timeout=60)
     assert ok.status_code == 200
     stats = ok.json()["speculaas"][0]
@@ -275,3 +275,75 @@ def test_every_call_gets_an_id_and_a_line_in_the_access_log(tiny, caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert lines[0].startswith(f"{bad.headers['x-request-id']} 400 ") and "'n'" in lines[0]
     assert lines[1].startswith(f"{ok.headers['x-request-id']} 200 n=1 method=csd ")
+
+
+@pytest.fixture
+def app_client(tiny):
+    """A TestClient factory over a running engine on the tiny model (create_app's options)."""
+    from fastapi.testclient import TestClient
+
+    from speculaas.serve.app import create_app
+
+    engine = Engine(tiny, max_batch=2, queue_size=3).start()
+    yield lambda base_url="http://testserver", **opts: TestClient(
+        create_app(engine, **opts), base_url=base_url)
+    engine.stop()
+
+
+GEN = "/v1/images/generations"
+
+
+def test_json_only_as_json_and_within_the_body_limit(app_client):
+    client = app_client()
+    assert client.post(GEN, content=b'{"prompt": "3"}',
+                       headers={"content-type": "text/plain"}).status_code == 415
+    big = client.post(GEN, json={"prompt": "3", "user": "x" * 100_000})
+    assert big.status_code == 413 and "limit" in big.json()["error"]["message"]
+    deep = client.post(GEN, content=b"[" * 20_000 + b"]" * 20_000,
+                       headers={"content-type": "application/json"})
+    assert deep.status_code == 400 and "not valid JSON" in deep.json()["error"]["message"]
+    more = client.post(GEN, json={"prompt": "3", "n": 4})  # the queue holds 3
+    assert more.status_code == 400 and "queue" in more.json()["error"]["message"]
+
+
+def test_the_host_header_and_the_api_key_are_checked(app_client):
+    from speculaas.serve.app import allowed_hosts
+
+    hosts = allowed_hosts("127.0.0.1", 8000)
+    rebound = app_client("http://attacker.example:8000", hosts=hosts)
+    assert rebound.post(GEN, json={"prompt": "3", "n": 0}).status_code == 421
+    local = app_client("http://localhost:8000", hosts=hosts)
+    assert local.post(GEN, json={"prompt": "3", "n": 0}).status_code == 400  # past the check
+    keyed = app_client(api_key="s3cret")
+    refused = keyed.post(GEN, json={"prompt": "3", "n": 0})
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    assert keyed.post(GEN, json={"prompt": "3", "n": 0},
+                      headers={"authorization": "Bearer s3cret"}).status_code == 400
+    assert allowed_hosts("0.0.0.0", 8000) is None
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--port", "99999"], "--port must be from 1 to 65535"),
+    (["--max-batch", "100000"], "--max-batch must be from 1 to 256")])
+def test_serve_options_out_of_range_are_one_line_errors(args, message, capsys):
+    from speculaas.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--model", "tiny", *args])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and message in err and "Traceback" not in err
+
+
+def test_a_lane_that_fails_to_build_fails_its_request_with_the_cause(tiny, monkeypatch, caplog):
+    import speculaas.serve.engine as engine_mod
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of memory for the KV cache")
+
+    engine = Engine(tiny, max_batch=2)
+    monkeypatch.setattr(engine_mod, "Lane", broken)
+    future = engine.submit(Request(prompt=1, seed=0, window=2))
+    engine.run_once()
+    with pytest.raises(RuntimeError, match="out of memory"):
+        future.result(timeout=1)
+    assert "building a lane" in caplog.text

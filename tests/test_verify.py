@@ -176,3 +176,23 @@ def test_tv_is_exactly_one_for_disjoint_supports():
     rule = sp.acceptance.get("csd", lam=5.0, delta=1.0)
     tokens = torch.full((200, 1), 7)
     assert (rule.acceptance_probs(tokens, draft[:, None], target[:, None]) == 0).all()
+
+
+@pytest.mark.parametrize("method,options", [
+    ("addition", {"eps": 0.5}), ("csd", {"lam": 3.0, "delta": 1.0}), ("gsd", {}),
+    ("lantern", {"delta": 1.0}), ("amplify", {"k": 10.0})])
+def test_a_token_outside_top_k_is_never_kept(tiny, method, options):
+    rule = build_rule(tiny, method, **options)
+    g = torch.Generator().manual_seed(1)
+    target = torch.softmax(torch.randn(64, 1, 12, generator=g), -1)
+    top = target.topk(3, -1).indices  # top-k 3: every other token has probability 0
+    target = torch.zeros_like(target).scatter(-1, top, target.gather(-1, top))
+    target = target / target.sum(-1, keepdim=True)
+    draft = torch.full_like(target, 1 / 12)
+    tokens = torch.randint(12, (64, 1), generator=g)
+    outside = target.gather(-1, tokens[..., None])[..., 0] == 0
+    assert outside.any()
+    accept = rule.acceptance_probs(tokens, draft, target)
+    assert (accept[outside] == 0).all()
+    if method != "amplify":  # k * ratio is 0 there already; the additive formulas are not
+        assert (rule.compute_acceptance(tokens, draft, target)[outside] > 0).any()

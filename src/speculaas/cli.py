@@ -327,6 +327,9 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("--max-batch", type=int, default=8,
                    help="images decoded together per decode setting (1: one at a time)")
     v.add_argument("--queue", type=int, default=64, help="requests that may wait; more get 503")
+    v.add_argument("--api-key", default=None,
+                   help="require this key of every call (Authorization: Bearer KEY; or set "
+                        "SPECULAAS_API_KEY)")
     v.add_argument("--time-limit", type=float, default=300.0, metavar="SECONDS",
                    help="a request still unfinished this long after it arrived gets 503")
     v.add_argument("--warm-up", type=float, default=120.0, metavar="SECONDS",
@@ -353,7 +356,7 @@ def main(argv: list[str] | None = None) -> None:
         elif args.command == "serve":
             from speculaas.serve.app import serve
             serve(args.model, args.host, args.port, args.weights, args.max_batch, args.queue,
-                  args.time_limit, args.warm_up)
+                  args.time_limit, args.warm_up, args.api_key)
         elif args.command == "demo":
             from speculaas.demo.app import serve
             serve(args.model, args.host, args.port, args.weights)

@@ -48,8 +48,68 @@ IGNORED = ("user", "quality", "style")
 MAX_SIDE = 2048
 
 
+MAX_BODY_BYTES = 64 * 1024  # a prompt of MAX_PROMPT_CHARS and every option fit many times over
+MAX_BATCH, MAX_QUEUE = 256, 100_000  # bounds of --max-batch and --queue
+
+
 class ModelNotFound(ValueError):
     """The request names a model this server does not serve."""
+
+
+class Refused(Exception):
+    """A call refused before any work, with its HTTP status (and OpenAI error code)."""
+
+    def __init__(self, message: str, status: int, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
+def allowed_hosts(host: str, port: int) -> set[str] | None:
+    """The Host headers a client of a server bound to host:port sends (a page elsewhere that
+    rebinds its own name to this address sends its own name, and is refused); None: any (a
+    server bound to every interface is reached under names it cannot know)."""
+    if host in ("0.0.0.0", "::", ""):
+        return None
+    names = {host}
+    if host in ("127.0.0.1", "localhost", "::1"):
+        names = {"127.0.0.1", "localhost", "[::1]"}
+    return names | {f"{n}:{port}" for n in names}
+
+
+def check_caller(headers, hosts: set[str] | None, api_key: str | None) -> None:  # noqa: ANN001
+    """Refused unless the Host header is one of `hosts` (None: any) and, with an `api_key`,
+    the Authorization header carries it (as OpenAI's clients send it: Bearer KEY)."""
+    if hosts is not None and headers.get("host", "").lower() not in hosts:
+        raise Refused(f"this server does not answer to host {headers.get('host')!r}", 421)
+    if api_key is not None:
+        import hmac
+
+        sent = headers.get("authorization", "")
+        if not hmac.compare_digest(sent.encode(), f"Bearer {api_key}".encode()):
+            raise Refused("a valid API key is required (Authorization: Bearer KEY)", 401,
+                          "invalid_api_key")
+
+
+async def read_json(request, limit: int = MAX_BODY_BYTES) -> object:  # noqa: ANN001
+    """The body as JSON: only as application/json (a form or text/plain post from a web page
+    is refused, so no page can make this server work without a preflight), at most `limit`
+    bytes (refused before more is read)."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json":
+        raise Refused(f"the body must be sent as application/json, not {kind or 'untyped'}",
+                      415)
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise Refused(f"the body has {length} bytes; the limit is {limit}", 413)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise Refused(f"the body is over the limit of {limit} bytes", 413)
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise ValueError("the request body is not valid JSON") from None
 
 
 def check_model_and_size(body: dict, served: str, native: tuple[int, int]) -> int:
@@ -129,7 +189,10 @@ def parse(body: object, default_method: str = "sjd",
                     options=options, deadline=deadline, **sampling) for i in range(n)]
 
 
-def create_app(engine: Engine, time_limit_s: float = TIME_LIMIT_S):  # noqa: ANN201
+def create_app(engine: Engine, time_limit_s: float = TIME_LIMIT_S,  # noqa: ANN201
+               hosts: set[str] | None = None, api_key: str | None = None):
+    """The FastAPI app over `engine`. hosts: the Host headers it answers (allowed_hosts; None:
+    any); api_key: required as Authorization: Bearer KEY where given."""
     from fastapi import FastAPI
     from fastapi import Request as HTTPRequest
 
@@ -168,17 +231,22 @@ def create_app(engine: Engine, time_limit_s: float = TIME_LIMIT_S):  # noqa: ANN
 
     async def _generate(request: HTTPRequest, seen: dict):  # noqa: ANN202
         try:
-            try:
-                body = await request.json()
-            except (ValueError, UnicodeDecodeError):
-                raise ValueError("the request body is not valid JSON") from None
+            check_caller(request.headers, hosts, api_key)
+            body = await read_json(request)
             reqs = parse(body, time_limit_s=time_limit_s)
             seen.update(n=len(reqs), method=reqs[0].method)
+            if len(reqs) > engine.queue_size:
+                raise ValueError(f"'n' is {len(reqs)}, more than this server's queue holds "
+                                 f"({engine.queue_size}); send at most {engine.queue_size} "
+                                 "per call")
             scale = check_model_and_size(body, engine.model.name, native)
             for r in reqs:
                 if engine.model.name == "tiny" and r.prompt.strip().isdigit():
                     r.prompt = int(r.prompt)  # the tiny model's prompts are class ids
-                engine.check(r)
+            # Building a rule can be heavy (lantern's neighbour table): off the event loop.
+            await asyncio.to_thread(lambda: [engine.check(r) for r in reqs])
+        except Refused as e:
+            return _error(str(e), e.status, code=e.code)
         except ModelNotFound as e:
             return _error(str(e), 404, code="model_not_found")
         except ValueError as e:
@@ -209,6 +277,8 @@ def create_app(engine: Engine, time_limit_s: float = TIME_LIMIT_S):  # noqa: ANN
             return _error(f"stopped: {e}", 503, "server_busy")
         except ValueError as e:
             return _error(str(e), 400)
+        except Exception as e:  # noqa: BLE001 - logged by the engine; the client hears why
+            return _error(f"the server failed: {type(e).__name__}: {e}", 500, "server_error")
         data, stats = [], []
         for c in done:
             buf = io.BytesIO()
@@ -230,22 +300,39 @@ def create_app(engine: Engine, time_limit_s: float = TIME_LIMIT_S):  # noqa: ANN
 
 def serve(model_name: str = "builtin", host: str = "127.0.0.1", port: int = 8000,
           weights: str | None = None, max_batch: int = 8, queue_size: int = 64,
-          time_limit_s: float = TIME_LIMIT_S, warm_up_s: float = 120.0) -> None:
+          time_limit_s: float = TIME_LIMIT_S, warm_up_s: float = 120.0,
+          api_key: str | None = None) -> None:
     """Serve until Ctrl-C; first measure the default setting's cost curves for at most
-    `warm_up_s` seconds (0: none; /health answers 503 "warming_up" meanwhile)."""
+    `warm_up_s` seconds (0: none; /health answers 503 "warming_up" meanwhile). api_key (or
+    $SPECULAAS_API_KEY): required of every generation call."""
+    import os
+    import sys
+
     from ..models import load_model
 
     if not time_limit_s > 0 or not warm_up_s >= 0:
         raise ValueError(f"--time-limit must be > 0 and --warm-up >= 0 seconds, got "
                          f"{time_limit_s}, {warm_up_s}")
+    if not 0 < port < 65536:
+        raise ValueError(f"--port must be from 1 to 65535, got {port}")
+    if not (1 <= max_batch <= MAX_BATCH and 1 <= queue_size <= MAX_QUEUE):
+        raise ValueError(f"--max-batch must be from 1 to {MAX_BATCH} and --queue from 1 to "
+                         f"{MAX_QUEUE}, got {max_batch}, {queue_size}")
+    api_key = api_key or os.environ.get("SPECULAAS_API_KEY") or None
+    hosts = allowed_hosts(host, port)
+    if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
+        print(f"speculaas serve: warning: bound to {host}, beyond this machine, with no API key "
+              "(--api-key or SPECULAAS_API_KEY): anyone who reaches it can use it",
+              file=sys.stderr, flush=True)
     model = load_model(model_name, weights)
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
-    ACCESS_LOG.addHandler(handler)
-    ACCESS_LOG.setLevel(logging.INFO)
+    log = logging.getLogger("speculaas.serve")  # the access log and the engine's errors
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
     engine = Engine(model, max_batch=max_batch, queue_size=queue_size)
     warm = Request(prompt=None, method="sjd") if warm_up_s > 0 else None
-    run_beside(engine, create_app(engine, time_limit_s), host, port, warm=warm,
+    run_beside(engine, create_app(engine, time_limit_s, hosts, api_key), host, port, warm=warm,
                warm_up_s=warm_up_s)
 
 

@@ -20,6 +20,7 @@ on the batch, as it does across machines.
 from __future__ import annotations
 
 import collections
+import logging
 import sys
 import threading
 import time
@@ -54,6 +55,9 @@ def _settle(future: Future, result: object = None, error: Exception | None = Non
             future.set_result(result)
     except InvalidStateError:
         pass
+
+
+LOG = logging.getLogger("speculaas.serve")
 
 
 class QueueFull(RuntimeError):
@@ -339,7 +343,9 @@ class Engine:
             if lane is None:
                 try:
                     lane = self.lanes[key] = Lane(self.model, req, self.max_batch)
-                except ValueError as e:
+                except Exception as e:  # noqa: BLE001 - this request fails, with its cause
+                    if not isinstance(e, ValueError):
+                        LOG.exception("building a lane for %s failed", key)
                     _settle(req.future, error=e)
                     admitted.append(req)
                     continue
@@ -351,6 +357,7 @@ class Engine:
                 try:
                     lane.admit(free[0], req)
                 except Exception as e:  # noqa: BLE001 - this request fails, the others go on
+                    LOG.exception("admitting a request failed")
                     _settle(req.future, error=e)
                 admitted.append(req)
         with self.wake:
@@ -388,6 +395,7 @@ class Engine:
                 try:
                     busy = self.run_once()
                 except Exception as e:  # noqa: BLE001 - fail every request, keep serving
+                    LOG.exception("an engine iteration failed; failing its requests")
                     self._fail_all(e)
                     busy = False
                 if not busy:
