@@ -197,14 +197,26 @@ def test_natural_captions_map_onto_the_grammar(caption, builtin):
 
 @pytest.mark.parametrize("caption,hint", [
     ("a red circle on the left and a blue square over grass",
-     "a big red circle on the left over grass and a small blue square on the center"),
+     "a big red circle on the left over grass and a small blue square in the middle"),
     ("a big purple diamond", "a big purple diamond on the left under a blue sky"),
+    ("two blue squares over grass",
+     "a big blue square on the left over grass and a small blue square on the right"),
+    ("a pair of red circles", "a big red circle on the left under a blue sky and a small red "
+                              "circle on the right"),
 ])
 def test_refusal_hints_keep_every_object_the_user_named(caption, hint):
     from speculaas.models.builtin.scenes import parse_caption
 
-    with pytest.raises(ValueError, match=f"nearest valid caption: '{hint}'"):
+    with pytest.raises(ValueError, match=f"'{hint}'"):
         parse_caption(caption)
+    assert parse_caption(hint)  # the hint itself is a caption the model takes
+
+
+def test_a_caption_of_something_else_hears_what_the_model_draws():
+    from speculaas.models.builtin.scenes import parse_caption
+
+    with pytest.raises(ValueError, match="it draws one or two shapes, circle, square"):
+        parse_caption("a cat")
 
 
 def test_builtin_captions_ignore_case_and_punctuation():
@@ -291,3 +303,9 @@ def test_object_count_counts_separate_blobs_of_a_colour():
                for sc in (render_scene(90_000_000 + i) for i in range(40))
                if len(sc.objects) == 1)
     assert hits >= 25  # of the ~28 one-object scenes: the counter reads ground truth
+
+
+@pytest.mark.parametrize("bad", ["builtin", None, 3])
+def test_generate_wants_a_loaded_model(bad):
+    with pytest.raises(ValueError, match="model must be a loaded model"):
+        sp.generate(bad, ["a red circle"])

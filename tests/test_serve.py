@@ -198,15 +198,15 @@ def test_two_settings_in_one_engine_each_draw_their_own(tiny):
     assert not torch.equal(futures[0].result().tokens, futures[1].result().tokens)
 
 
-def test_idle_lanes_are_freed_whatever_settings_clients_send(tiny):
-    engine = Engine(tiny, max_batch=2, idle_lanes=1)
+def test_lanes_are_bounded_whatever_settings_clients_send(tiny):
+    engine = Engine(tiny, max_batch=2, idle_lanes=1, max_lanes=3)
     futures = [engine.submit(Request(prompt=1, seed=0, window=2, temperature=1.0 + i / 100))
-               for i in range(5)]
+               for i in range(7)]
     peak = 0
     while engine.run_once():
         peak = max(peak, len(engine.lanes))
     assert all(f.result().forward_passes > 0 for f in futures)
-    assert peak == 5 and len(engine.lanes) == 1  # all five ran at once; one idle lane is kept
+    assert peak == 3 and len(engine.lanes) == 1  # three at once; one idle lane is kept
 
 
 def test_lanes_never_time_and_the_warm_up_measures_before_serving(tmp_path, monkeypatch, capsys):
@@ -347,3 +347,47 @@ def test_a_lane_that_fails_to_build_fails_its_request_with_the_cause(tiny, monke
     with pytest.raises(RuntimeError, match="out of memory"):
         future.result(timeout=1)
     assert "building a lane" in caplog.text
+
+
+def test_draining_answers_every_request_then_stops(tiny):
+    from speculaas.serve.engine import ShuttingDown
+
+    engine = Engine(tiny, max_batch=1)
+    running, waiting = (Request(prompt=p, seed=s, window=2) for p, s in PROMPTS[:2])
+    fr, fw = engine.submit(running), engine.submit(waiting)
+    engine.run_once()  # `running` holds the one row; `waiting` waits
+    engine.drain(timeout_s=60)
+    with pytest.raises(ShuttingDown):
+        engine.submit(Request(prompt=1))
+    engine.start()
+    engine.thread.join(timeout=30)
+    assert not engine.thread.is_alive()  # stopped by itself once every request was answered
+    assert fr.result(timeout=1).forward_passes > 0  # the running one finished
+    with pytest.raises(Cancelled, match="shutting down"):
+        fw.result(timeout=1)
+
+
+def test_sigterm_stops_the_server_cleanly():
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+    from conftest import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "speculaas.cli", "serve", "--model", "tiny",
+                             "--port", str(port), "--warm-up", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert "answered every one, exiting" in out

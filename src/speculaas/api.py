@@ -123,6 +123,10 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
     (decoding/tree.py); `window` is then the width budget per image and forward, the tree's
     slots included ("auto": a tree width only where the cost curve says the tree pays, else the
     chain). Same models as row_context; every rule keeps its law."""
+    if not isinstance(model, ImageModel):
+        hint = f"sp.load_model({model!r})" if isinstance(model, str) else "sp.load_model(NAME)"
+        raise ValueError(f"model must be a loaded model ({hint}), got "
+                         f"{type(model).__name__} {model!r}"[:200])
     if not isinstance(prompts, (list, tuple)):
         prompts = [prompts]
     if len(prompts) == 0:

@@ -118,7 +118,10 @@ def _check_prompts_early(args: argparse.Namespace, prompts: list) -> None:
 
         for p in prompts:
             if p is not None:
-                parse_caption(p)
+                try:
+                    parse_caption(p)
+                except ValueError as e:
+                    raise ValueError(f"{e} (`speculaas captions` shows the grammar)") from None
     from .io import check_writable
 
     path = Path(args.out)

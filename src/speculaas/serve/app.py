@@ -21,6 +21,7 @@ import base64
 import io
 import json
 import logging
+import signal
 import time
 import uuid
 
@@ -29,11 +30,13 @@ from PIL import Image
 
 from ..checks import is_integer, is_number
 from ..config import METHODS, RULE_DEFAULTS
-from .engine import Cancelled, Engine, QueueFull, Request
+from .engine import Cancelled, Engine, QueueFull, Request, ShuttingDown
 
 MAX_N = 8
 MAX_PROMPT_CHARS = 1000
 TIME_LIMIT_S = 300.0
+DRAIN_S = 30.0  # on SIGTERM, how long running requests may take to finish
+LOG = logging.getLogger("speculaas.serve")
 # One line per API call (serve() sends it to stderr with a time stamp): what an operator needs to
 # answer "what happened to request X" (the client sees X as the x-request-id header).
 ACCESS_LOG = logging.getLogger("speculaas.serve.access")
@@ -258,11 +261,12 @@ def create_app(engine: Engine, time_limit_s: float = TIME_LIMIT_S,  # noqa: ANN2
         try:
             for r in reqs:
                 futures.append(asyncio.wrap_future(engine.submit(r)))
-        except QueueFull:
+        except QueueFull as e:
             for r in reqs:
                 r.cancel()
-            return _error("the server's queue is full; try again in a few seconds", 503,
-                          "server_busy")
+            message = (str(e) if isinstance(e, ShuttingDown)
+                       else "the server's queue is full; try again in a few seconds")
+            return _error(message, 503, "server_busy")
         try:
             pending = set(futures)
             while pending:  # a client that leaves cancels its images
@@ -360,8 +364,15 @@ def run_beside(engine: Engine, app, host: str, port: int, banner: str | None = N
           "GET /health", flush=True)
     watcher = threading.Thread(target=lambda: (thread.join(), engine.stop()), daemon=True)
     watcher.start()
+
+    def on_term(signum, frame) -> None:  # noqa: ANN001 - only sets a flag: signal-safe
+        engine.drain(DRAIN_S)
+
+    signal.signal(signal.SIGTERM, on_term)
     try:
         engine.serve_forever(warm, warm_up_s)
+        if engine.drain_until is not None:
+            LOG.info("SIGTERM: stopped taking requests, answered every one, exiting")
     finally:
         server.should_exit = True
         thread.join(timeout=10)

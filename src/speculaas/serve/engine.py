@@ -64,6 +64,10 @@ class QueueFull(RuntimeError):
     """The engine's queue holds `queue_size` waiting requests already."""
 
 
+class ShuttingDown(QueueFull):
+    """The engine is draining before it stops: it takes no new requests."""
+
+
 class Cancelled(RuntimeError):
     """The request was cancelled (its client left, or its time ran out) before it finished."""
 
@@ -259,16 +263,18 @@ class Engine:
     a background thread (start()) or run_once() calls admit waiting requests where their lane
     has a free row, drop cancelled or expired ones, and step every busy lane once. A future
     cancelled from outside retires its request within one iteration. Lanes without requests
-    beyond `idle_lanes` are freed, least recently used first, so memory stays bounded whatever
-    settings clients send."""
+    beyond `idle_lanes` are freed, least recently used first, and at most `max_lanes` exist at
+    once (a request of a new setting waits for one to finish), so memory stays bounded at
+    max_lanes sessions of max_batch rows whatever settings clients send."""
 
     def __init__(self, model: ImageModel, max_batch: int = 8, queue_size: int = 64,
-                 idle_lanes: int = 2) -> None:
+                 idle_lanes: int = 2, max_lanes: int = 4) -> None:
         if max_batch < 1 or queue_size < 1:
             raise ValueError(f"max_batch and queue_size must be >= 1, got {max_batch}, "
                              f"{queue_size}")
         self.model, self.max_batch, self.queue_size = model, max_batch, queue_size
         self.idle_lanes = idle_lanes  # lanes kept without requests (KV rows, noise table)
+        self.max_lanes = max(1, max_lanes)  # lanes at once: requests of a new setting wait
         self.waiting: collections.deque[Request] = collections.deque()
         self.lanes: dict[tuple, Lane] = {}
         self.wake = threading.Condition()
@@ -276,6 +282,7 @@ class Engine:
         self.running = False
         self.batch_log: list[int] = []  # images stepped per iteration (all lanes)
         self.warming = False  # measuring cost curves (warm_up): /health says so
+        self.drain_until: float | None = None  # set by drain(): no admissions, then stop
         self.warm_end: float | None = None
 
     def warm_up(self, req: Request, budget_s: float = 120.0) -> None:
@@ -309,6 +316,8 @@ class Engine:
 
     def submit(self, req: Request) -> Future:
         self.check(req)
+        if self.drain_until is not None:
+            raise ShuttingDown("the server is shutting down")
         with self.wake:
             if len(self.waiting) >= self.queue_size:
                 raise QueueFull(f"{len(self.waiting)} requests are waiting already")
@@ -340,6 +349,11 @@ class Engine:
         for req in queue:
             key = req.lane_key()
             lane = self.lanes.get(key)
+            if lane is None and len(self.lanes) >= self.max_lanes:
+                idle = next((k for k, other in self.lanes.items() if not other.busy()), None)
+                if idle is None:
+                    continue  # every lane is busy: wait for one to finish
+                del self.lanes[idle]  # the least recently used idle lane makes room
             if lane is None:
                 try:
                     lane = self.lanes[key] = Lane(self.model, req, self.max_batch)
@@ -389,9 +403,31 @@ class Engine:
             self.warm_up(warm, budget_s)
         self._serve()
 
+    def drain(self, timeout_s: float = 30.0) -> None:
+        """Stop gracefully (a server's SIGTERM): take no new requests, fail the waiting ones
+        (the server is shutting down), let the running ones finish for up to `timeout_s`, fail
+        what is left, then stop. Every client gets an answer. Safe from a signal handler."""
+        self.drain_until = time.monotonic() + timeout_s  # the loop notices within 0.5 s
+
+    def _drained(self) -> bool:
+        """While draining: fail what waits (and, past the deadline, what runs); True when
+        nothing is left and the engine may stop."""
+        stop = Cancelled("the server is shutting down")
+        with self.wake:
+            waiting, self.waiting = list(self.waiting), collections.deque()
+        for req in waiting:
+            _settle(req.future, error=stop)
+        if time.monotonic() > self.drain_until:
+            self._fail_all(stop)
+        return not any(lane.busy() for lane in self.lanes.values())
+
     def _serve(self) -> None:
         with torch.inference_mode():
             while self.running:
+                if self.drain_until is not None and self._drained():
+                    LOG.info("shut down: every request answered")
+                    self.running = False
+                    break
                 try:
                     busy = self.run_once()
                 except Exception as e:  # noqa: BLE001 - fail every request, keep serving

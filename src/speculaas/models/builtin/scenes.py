@@ -265,12 +265,24 @@ def _canonical(objects: list, background: str) -> str:
     return text + (f" and {phrases[1]}" if len(phrases) > 1 else "")
 
 
+# Words that ask for two of a shape ("two blue squares", "a pair of circles"); a plural shape
+# word does too. The grammar draws them as two objects, left and right.
+_TWO = {"two", "pair", "both", "twin"}
+_PLURALS = {f"{s}s": s for s in SHAPES}
+
+
 def _nearest_caption(words: list[str]) -> str:
     """A valid caption built from every attribute word the input has, object by object (a shape
-    word closes an object; a position after it belongs to it), defaults for the rest."""
+    word closes an object; a position after it belongs to it; "two" or a plural shape word makes
+    two alike), defaults for the rest; "in the middle" where the grammar says "on the center"
+    (both are read, and the second reads as English)."""
     words = [_SYNONYMS.get(w, w) for w in words]
-    objects, pending = [], {}
+    objects, pending, two = [], {}, False
     for w in words:
+        if w in _TWO:
+            two = True
+        if w in _PLURALS:
+            w, two = _PLURALS[w], True
         for key, options in (("size", SIZES), ("colour", COLOURS), ("position", POSITIONS)):
             if w in options:
                 if key == "position" and objects and objects[-1]["position"] is None \
@@ -279,22 +291,31 @@ def _nearest_caption(words: list[str]) -> str:
                 else:
                     pending[key] = w
         if w in SHAPES:
-            objects.append({"size": pending.get("size", ""), "shape": w,
-                            "colour": pending.get("colour"), "position": pending.get("position")})
-            pending = {}
+            obj = {"size": pending.get("size", ""), "shape": w, "colour": pending.get("colour"),
+                   "position": pending.get("position")}
+            if two:  # two alike: side by side unless the first was placed
+                pair = ("left", "right") if obj["position"] is None else (obj["position"], None)
+                objects += [{**obj, "position": pair[0]}, {**obj, "position": pair[1], "size": ""}]
+            else:
+                objects.append(obj)
+            pending, two = {}, False
     if not objects:
         objects = [{"size": pending.get("size", ""), "shape": "circle",
                     "colour": pending.get("colour"), "position": pending.get("position")}]
     objects = objects[:2]
     free = [p for p in POSITIONS if p not in {o["position"] for o in objects}]
     free_colours = [c for c in COLOURS if c not in {o["colour"] for o in objects}]
+    if len(objects) == 2 and objects[0]["position"] == objects[1]["position"]:
+        objects[1]["position"] = None  # two objects in one place: not a scene the model draws
+        free = [p for p in POSITIONS if p != objects[0]["position"]]
     for o in objects:
         o["position"] = o["position"] or free.pop(0)
         o["colour"] = o["colour"] or free_colours.pop(0)
     background = next((BACKGROUND_KEYWORDS[w] for w in words if w in BACKGROUND_KEYWORDS),
                       DEFAULT_BACKGROUND)
-    return _canonical([(o["size"], o["colour"], o["shape"], o["position"]) for o in objects],
+    text = _canonical([(o["size"], o["colour"], o["shape"], o["position"]) for o in objects],
                       background)
+    return text.replace("on the center", "in the middle")
 
 
 # Words natural captions may use besides the grammar's.
@@ -324,18 +345,21 @@ def parse_caption(caption: str) -> str:
     text = normalise_caption(caption)
     words = text.split()
     unknown = sorted({w for w in words if (w not in WORDS and w not in _SYNONYMS
-                                           and w not in _EXTRA_WORDS) or w in (PAD, NULL, BOI)})
+                                           and w not in _EXTRA_WORDS and w not in _TWO
+                                           and w not in _PLURALS) or w in (PAD, NULL, BOI)})
     if unknown:
+        shapes = {_PLURALS.get(w, w) for w in words} & set(SHAPES)
+        what = "" if shapes else (
+            f" (it draws one or two shapes, {', '.join(SHAPES)}, in {', '.join(COLOURS)}, "
+            f"over {', '.join(BACKGROUNDS)})")
         raise ValueError(f"caption {caption!r} uses words the built-in model does not know: "
-                         f"{unknown}; try {_nearest_caption(words)!r} (`speculaas captions` "
-                         "shows the grammar)")
+                         f"{unknown}{what}; try {_nearest_caption(words)!r}")
     if not _CAPTION.fullmatch(text):
         natural = canonical_caption(text)
         if natural is not None:
             return natural
         raise ValueError(f"caption {caption!r} does not follow the built-in grammar; nearest "
-                         f"valid caption: {_nearest_caption(words)!r} (`speculaas captions` "
-                         "shows the grammar)")
+                         f"valid caption: {_nearest_caption(words)!r}")
     return text
 
 
