@@ -224,3 +224,16 @@ def test_cost_curve_file_models_the_speed_up(tmp_path):
     curve.write_text("[1, 2]")
     bad = subprocess.run(cmd[:-1] + [str(curve)], env=ENV, capture_output=True, text=True)
     assert bad.returncode == 2 and "must map windows" in bad.stderr
+
+
+def test_a_second_run_on_the_same_out_is_refused(tmp_path):
+    from speculaas.bench.runner import _hold_out
+
+    out = tmp_path / "bench"
+    out.mkdir()
+    held = _hold_out(out, 0)  # another run, writing there
+    res = subprocess.run(BENCH + ["--out", str(out), "--resume"], env=ENV, capture_output=True,
+                         text=True)
+    held.close()
+    assert res.returncode == 2 and "another bench run is writing to" in res.stderr
+    assert "Traceback" not in res.stderr and not list(out.glob("results.rank*.jsonl"))

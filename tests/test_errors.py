@@ -309,3 +309,33 @@ def test_object_count_counts_separate_blobs_of_a_colour():
 def test_generate_wants_a_loaded_model(bad):
     with pytest.raises(ValueError, match="model must be a loaded model"):
         sp.generate(bad, ["a red circle"])
+
+
+def _builtin_copy(tmp_path):
+    import shutil
+
+    from speculaas.models.builtin.model import WEIGHTS_DIR
+
+    folder = tmp_path / "weights"
+    shutil.copytree(WEIGHTS_DIR, folder)
+    return folder
+
+
+def test_one_flipped_bit_in_the_builtin_weights_is_named(tmp_path):
+    folder = _builtin_copy(tmp_path)
+    data = bytearray((folder / "builtin.safetensors").read_bytes())
+    data[-1000] ^= 0x10  # inside a tensor: safetensors itself reads it without complaint
+    (folder / "builtin.safetensors").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="builtin.safetensors is damaged"):
+        sp.load_model("builtin", str(folder))
+
+
+def test_a_bad_configuration_in_the_training_record_is_one_line(tmp_path):
+    import json
+
+    folder = _builtin_copy(tmp_path)
+    record = json.loads((folder / "training.json").read_text())
+    record["decoder_config"]["n_heads"] = 0
+    (folder / "training.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="bad model configuration"):
+        sp.load_model("builtin", str(folder))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 from pathlib import Path
 
 from .config import (
@@ -204,9 +205,11 @@ def cmd_generate(args: argparse.Namespace) -> None:
         path.with_name(f"{path.stem}-{i}{path.suffix}") for i in range(len(prompts))]
     for img, p in zip(out.images, paths, strict=True):
         save_image(img.resize((img.width * args.scale, img.height * args.scale), 0), p)
-    titles = [f"{args.method}: {out.forward_passes[i]} forwards" for i in range(len(prompts))]
+    distinct = list(dict.fromkeys(str(p) for p in prompts))
+    titles = [(f"{textwrap.shorten(str(prompts[i]), 36)}\n" if len(distinct) > 1 else "")
+              + f"{args.method}: {out.forward_passes[i]} forwards" for i in range(len(prompts))]
     fig = acceptance_figure(out.images, out.commit_step, out.entropy, titles,
-                            caption=" | ".join(dict.fromkeys(str(p) for p in prompts)))
+                            caption=distinct[0] if len(distinct) == 1 else None)
     map_path = path.with_name(path.stem + ".map.png")
     save_image(fig, map_path)
     n = out.tokens.shape[1]

@@ -37,7 +37,9 @@ def acceptance_figure(images: list[Image.Image], commit_step: torch.Tensor,
     committed in a long accepted run, i.e. where decoding sped up), the iteration that
     committed each cell (only where the order is not raster: a two-dimensional window's
     diagonal frontier; in raster order it is a plain top-to-bottom gradient), and the target
-    entropy. `caption`: the prompt, written above the figure."""
+    entropy: how unsure the model was there, which is where csd's entropy term relaxes
+    acceptance most. `caption`: the prompt, written above the figure (rows of different
+    prompts carry theirs in `titles`)."""
     runs = run_lengths(commit_step)
     n = len(images)
     order = not raster_order(commit_step)
@@ -59,7 +61,8 @@ def acceptance_figure(images: list[Image.Image], commit_step: torch.Tensor,
             fig.colorbar(im, ax=ax_step, fraction=0.046)
         ax_ent = rest[0]
         im = ax_ent.imshow(entropy[i].numpy(), cmap="magma")
-        ax_ent.set_title("target entropy (nats)", fontsize=8)
+        ax_ent.set_title("model's uncertainty (entropy, nats)\n(bright: csd relaxes most)",
+                         fontsize=8)
         fig.colorbar(im, ax=ax_ent, fraction=0.046)
         for ax in axes[i]:
             ax.set_xticks([])

@@ -197,6 +197,18 @@ def _pairs(s: dict) -> str:
     return f" ({s['speedup_pairs_median']:.2f}x [{q1:.2f}-{q3:.2f}])"
 
 
+# What each column of the table means (printed under it).
+COLUMNS = """Columns: fwd passes: target forwards per image (AR: one per token). step compr.: tokens
+per forward. drafts/fwd: accepted drafts per forward. latency: median seconds per call.
+speed-up: AR's median latency over the variant's (pairs: the median and interquartile range of
+per-prompt ratios, prompt and seed matched). rule %: share of the decode spent inside the
+acceptance rule (entropy, TV, ...). peak MB: peak memory. fidelity: the judge's accuracy on the
+caption's attributes (1 = every attribute drawn). FID rend.: FID against the scenes rendered
+from the captions; FID / KIDx1e3 vs AR: against AR's images of the same prompts (0: the same
+distribution). drafted Q1..Q5: share of tokens committed as accepted drafts, by the image's
+local detail quintile (smooth to detailed)."""
+
+
 def render_table(summary: dict) -> str:
     head = ("| variant | images | fwd passes | step compr. | drafts/fwd | latency med (s) | "
             "speed-up (pairs: median [IQR]) | rule % | peak MB | fidelity | FID rend. | "
@@ -216,6 +228,7 @@ def render_table(summary: dict) -> str:
             f"{_fmt(s.get('prompt_fidelity'), '.3f')} | {_fmt(s.get('fid_vs_rendered'), '.1f')} | "
             f"{_fmt(s.get('fid_vs_ar'), '.1f')} | {_fmt(s.get('kid_x1000_vs_ar'), '.1f')} | "
             f"{' / '.join(f'{x:.2f}' for x in q) if q else '-'} |" + extra)
+    lines.append(f"\n{COLUMNS}")
     for note in summary.get("notes", []):
         lines.append(f"\n{note}")
     return "\n".join(lines)
@@ -239,10 +252,12 @@ def _plot_pareto(summary: dict, path: Path) -> None:
             ax.annotate(lab, (x, y), fontsize=6.5, xytext=(4, 6 if k % 2 else -10),
                         textcoords="offset points")
         front = sorted(_pareto(list(zip(xv, ys, strict=True))), key=lambda i: xv[i])
-        ax.plot([xv[i] for i in front], [ys[i] for i in front], "r--", lw=1, label="Pareto front")
+        if len(front) > 1:  # a front of one point is no line
+            ax.plot([xv[i] for i in front], [ys[i] for i in front], "r--", lw=1,
+                    label="Pareto front")
+            ax.legend(fontsize=8)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("prompt fidelity (judge accuracy)" if quality else "(no quality metric)")
-        ax.legend(fontsize=8)
     axes[0].set_title("fewer forwards vs quality")
     axes[1].set_title("less waiting vs quality")
     fig.tight_layout()

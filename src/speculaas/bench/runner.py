@@ -252,6 +252,26 @@ def run(cfg: BenchConfig) -> dict | None:
             torch.distributed.destroy_process_group()
 
 
+def _hold_out(out: Path, rank: int):  # noqa: ANN202
+    """An exclusive lock on this rank's results in `out`, held for the run: two runs (two
+    `--resume`s, say) on one folder would write every item twice. ValueError if another run
+    holds it; None where the system has no locks."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    f = open(out / f".rank{rank}.lock", "a")  # noqa: SIM115 - held open for the run
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise ValueError(f"another bench run is writing to {out}; wait for it to finish, or "
+                         "use another --out") from None
+    except OSError:  # a file system without locks
+        pass
+    return f
+
+
 def _run(cfg: BenchConfig, state) -> dict | None:  # noqa: ANN001
     from tqdm import tqdm
 
@@ -261,6 +281,7 @@ def _run(cfg: BenchConfig, state) -> dict | None:  # noqa: ANN001
 
     say = print if state.is_main_process else (lambda *a, **k: None)
     cfg.out.mkdir(parents=True, exist_ok=True)
+    held = _hold_out(cfg.out, state.process_index)  # noqa: F841 - held until the run ends
     device = cfg.device if state.num_processes == 1 or cfg.device == "cpu" else state.device
     prompts = load_prompts(cfg.prompts, cfg.limit, cfg.model)
     n_items = len(prompts) * cfg.seeds * len(cfg.variants)
@@ -299,7 +320,9 @@ def _run(cfg: BenchConfig, state) -> dict | None:  # noqa: ANN001
         if cfg.warmup and todo:
             say(f"warm-up: one unrecorded image per variant ({len(cfg.variants)})...", flush=True)
             t0 = time.perf_counter()
-            for v in cfg.variants:  # one unrecorded image per variant: caches, allocator, JIT
+            warm = tqdm(cfg.variants, desc="warm-up", dynamic_ncols=True, leave=False,
+                        disable=not state.is_local_main_process)
+            for v in warm:  # one unrecorded image per variant: caches, allocator, JIT
                 generate(model, [prompts[0]], method=v.method, seed=0, decode_images=False,
                          **_generate_options(cfg, v))
             per_image = (time.perf_counter() - t0) / len(cfg.variants)

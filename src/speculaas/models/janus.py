@@ -57,14 +57,18 @@ class JanusModel(ImageModel):
             tok = self.processor.tokenizer
             self.boi_id = tok.convert_tokens_to_ids(self.processor.image_start_token)
         if self.boi_id is None:
-            raise ValueError(f"{path}: no image-start token id in generation_config."
-                             "generation_kwargs['boi_token_id'] and no processor to read it from")
+            where = "the model object given" if model is not None else path
+            raise ValueError(f"{where}: no image-start token id in generation_config."
+                             "generation_kwargs['boi_token_id'] and no processor to read it "
+                             "from; pass processor=JanusProcessor.from_pretrained(...) or set "
+                             "model.generation_config.generation_kwargs = {'boi_token_id': ID}")
 
     def _ids(self, prompt) -> torch.Tensor:  # noqa: ANN001
         if isinstance(prompt, str):
             if self.processor is None:
-                raise ValueError("this Janus checkpoint ships no tokenizer; pass prompts as "
-                                 "lists of token ids")
+                raise ValueError("no tokenizer to read a text prompt with (this Janus "
+                                 "checkpoint ships none, or a model object came without "
+                                 "processor=); pass processor=, or prompts as lists of token ids")
             messages = [{"role": "user", "content": [{"type": "text", "text": prompt}]}]
             text = self.processor.apply_chat_template(messages, add_generation_prompt=True)
             ids = self.processor(text=text, generation_mode="image",

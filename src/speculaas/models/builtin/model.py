@@ -69,11 +69,17 @@ class BuiltinModel(ImageModel):
             raise ValueError(f"{weights} cannot be read as safetensors (truncated or damaged?):"
                              f" {e}") from None
         with weights.open("rb") as f:  # names these weights in benchmark records
-            self.weights_id = hashlib.sha256(f.read()).hexdigest()[:16]
+            digest = hashlib.sha256(f.read()).hexdigest()
+        self.weights_id = digest[:16]
+        recorded = self.record.get("weights_sha256")
+        if recorded is not None and recorded != digest:
+            raise ValueError(f"{weights} is damaged: its sha256 {digest[:16]}... is not the "
+                             f"{str(recorded)[:16]}... recorded in {record_path} when it was "
+                             "written (reinstall the package, or retrain)")
         try:
             self.decoder = Decoder(DecoderConfig(**self.record["decoder_config"]))
             self.vq = vqlib.build_vq(**self.record["vq_config"])
-        except TypeError as e:
+        except (TypeError, ValueError, ZeroDivisionError) as e:
             raise ValueError(f"{record_path}: bad model configuration: {e}") from None
         self.judge = Judge(heads_in(tensors))
         for module, prefix in ((self.decoder, "ar."), (self.vq, "vq."), (self.judge, "judge.")):

@@ -16,6 +16,7 @@ weights as an uninterrupted one. Copy both result files into
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -444,6 +445,8 @@ def train(cfg: TrainConfig, out: Path) -> Path:
         "git_revision": revision,
         "torch": torch.__version__,
         "device": cfg.device,
+        # The loader checks it: a damaged weights file is named, never decoded into noise.
+        "weights_sha256": hashlib.sha256((out / "builtin.safetensors").read_bytes()).hexdigest(),
     }
     write_text(out / "training.json", json.dumps(record, indent=2))
     return out / "builtin.safetensors"
