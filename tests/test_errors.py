@@ -339,3 +339,35 @@ def test_a_bad_configuration_in_the_training_record_is_one_line(tmp_path):
     (folder / "training.json").write_text(json.dumps(record))
     with pytest.raises(ValueError, match="bad model configuration"):
         sp.load_model("builtin", str(folder))
+
+
+def test_bench_on_a_folder_it_cannot_write_is_one_line(tmp_path, capsys):
+    import os
+
+    from speculaas.cli import main
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    os.chmod(locked, 0o500)
+    try:
+        if os.access(locked, os.W_OK):
+            pytest.skip("running as a user who may write anywhere")
+        with pytest.raises(SystemExit) as exited:
+            main(["bench", "--model", "tiny", "--prompts", "classes", "--limit", "1",
+                  "--methods", "ar", "--out", str(locked / "run")])
+    finally:
+        os.chmod(locked, 0o700)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "Permission denied" in err and "Traceback" not in err
+
+
+def test_an_oserror_below_the_cli_is_one_line(tmp_path, capsys):
+    from speculaas.cli import main
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")  # a file where --out's folder should be
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", "--model", "tiny", "--prompts", "classes", "--limit", "1",
+              "--methods", "ar", "--out", str(blocker / "run")])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "speculaas: error:" in err and "Traceback" not in err

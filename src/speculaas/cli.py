@@ -371,6 +371,9 @@ def main(argv: list[str] | None = None) -> None:
             train_main(rest)
     except ValueError as e:
         parser.exit(2, f"speculaas: error: {e}\n")
+    except OSError as e:  # a read-only folder, a full disk, a path that is a file ...
+        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+        parser.exit(2, f"speculaas: error: {e.strerror or e}{where}\n")
     except KeyboardInterrupt:
         parser.exit(130, "speculaas: interrupted; finished files are complete, none is half "
                          "written\n")
