@@ -1,54 +1,30 @@
 """Lumina-mGPT / Chameleon adapter on a tiny random `ChameleonForConditionalGeneration` and a
 tiny VQGAN decoder saved as vqgan.ckpt + vqgan.yaml."""
 
+from pathlib import Path
+
 import pytest
 import torch
-import yaml
 from conftest import assert_same_as_ar
 
 import speculaas as sp
-from speculaas.models.vqgan import VQGANDecoder
+from speculaas.models.random_checkpoints import (
+    CODEBOOK,
+    GRID,
+    LUMINA_IDS,
+    LUMINA_PAD,
+    LUMINA_SIZE,
+    write_random_checkpoint,
+)
 
-CODEBOOK, TEXT, H, W = 64, 100, 3, 4
-SPECIAL = ["<image>", "<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>"]
-IDS = {s: TEXT + j for j, s in enumerate(SPECIAL)}
-BOI, EOL, PAD = IDS["<racm3:break>"], IDS["<reserved08799>"], 1
-SIZE_H, SIZE_W = 50, 51  # stand-ins for Lumina-mGPT's size tokens
-
-
-def _img_name(i: int) -> str:
-    return "IMGIMG" + "".join(chr(ord("A") + int(d)) for d in str(i)) + "Z"
+(H, W), IDS = GRID, LUMINA_IDS
+BOI, EOL, PAD = IDS["<racm3:break>"], IDS["<reserved08799>"], LUMINA_PAD
+SIZE_H, SIZE_W = LUMINA_SIZE  # stand-ins for Lumina-mGPT's size tokens
 
 
 @pytest.fixture(scope="module")
 def lumina_dir(tmp_path_factory):
-    from transformers import ChameleonConfig, ChameleonForConditionalGeneration
-    from transformers.models.chameleon.configuration_chameleon import ChameleonVQVAEConfig
-
-    vocab = {f"t{i}": i for i in range(TEXT)} | IDS
-    vocab |= {_img_name(i): TEXT + len(SPECIAL) + i for i in range(CODEBOOK)}
-    torch.manual_seed(0)
-    cfg = ChameleonConfig(
-        vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, vocabulary_map=vocab, pad_token_id=PAD,
-        vq_config=ChameleonVQVAEConfig(embed_dim=8, num_embeddings=CODEBOOK, latent_channels=32,
-                                       base_channels=32, channel_multiplier=[1, 2],
-                                       num_res_blocks=1, resolution=16, attn_resolutions=[]))
-    model = ChameleonForConditionalGeneration(cfg).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(30)
-    out = tmp_path_factory.mktemp("lumina")
-    model.save_pretrained(out)
-    ddconfig = {"double_z": False, "z_channels": 8, "resolution": 16, "in_channels": 3,
-                "out_ch": 3, "ch": 32, "ch_mult": [1, 2], "num_res_blocks": 1,
-                "attn_resolutions": [], "dropout": 0.0}
-    vq = VQGANDecoder(CODEBOOK, 8, ddconfig)
-    (out / "vqgan").mkdir()
-    torch.save({"state_dict": {f"{k}": v for k, v in vq.state_dict().items()}},
-               out / "vqgan" / "vqgan.ckpt")
-    (out / "vqgan" / "vqgan.yaml").write_text(yaml.safe_dump(
-        {"model": {"params": {"n_embed": CODEBOOK, "embed_dim": 8, "ddconfig": ddconfig}}}))
-    return out
+    return Path(write_random_checkpoint("lumina-mgpt", tmp_path_factory.mktemp("lumina")).path)
 
 
 @pytest.fixture(scope="module")

@@ -1,67 +1,27 @@
 """Emu3 adapter on a tiny random `Emu3ForConditionalGeneration`: forced end-of-line layout,
 batched CFG, greedy equivalence with AR and with transformers' own constrained generation."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import assert_same_as_ar
 
 import speculaas as sp
+from speculaas.models.random_checkpoints import (
+    CODEBOOK,
+    EMU3_IDS,
+    GRID,
+    write_random_checkpoint,
+)
 
-CODEBOOK, TEXT, H, W = 64, 100, 3, 4
-SPECIAL = [
-    "<image>",
-    "<|extra_200|>",
-    "<|image start|>",
-    "<|image end|>",
-    "<|extra_201|>",
-    "<eos>",
-    "<pad>",
-    "<bos>",
-]
-IDS = {s: TEXT + j for j, s in enumerate(SPECIAL)}
+(H, W), IDS = GRID, EMU3_IDS
 EOL, BOI, PAD, BOS = IDS["<|extra_200|>"], IDS["<|image start|>"], IDS["<pad>"], IDS["<bos>"]
 
 
 @pytest.fixture(scope="module")
 def emu3_dir(tmp_path_factory):
-    from transformers import Emu3Config, Emu3ForConditionalGeneration
-    from transformers.models.emu3.configuration_emu3 import Emu3TextConfig, Emu3VQVAEConfig
-
-    vocab = {f"t{i}": i for i in range(TEXT)} | IDS
-    vocab |= {f"<|visual token {i:06d}|>": TEXT + len(SPECIAL) + i for i in range(CODEBOOK)}
-    torch.manual_seed(0)
-    cfg = Emu3Config(
-        text_config=Emu3TextConfig(
-            vocab_size=len(vocab),
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            pad_token_id=PAD,
-            bos_token_id=BOS,
-            eos_token_id=IDS["<eos>"],
-        ),
-        vq_config=Emu3VQVAEConfig(
-            codebook_size=CODEBOOK,
-            embed_dim=4,
-            latent_channels=4,
-            base_channels=32,
-            channel_multiplier=[1, 2],
-            num_res_blocks=1,
-            attn_resolutions=[],
-            hidden_size=64,
-            num_attention_heads=1,
-            temporal_downsample_factor=4,
-        ),
-        vocabulary_map=vocab,
-    )
-    model = Emu3ForConditionalGeneration(cfg).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(30)  # peaked logits: greedy decoding far from ties
-    out = tmp_path_factory.mktemp("emu3")
-    model.save_pretrained(out)
-    return out
+    return Path(write_random_checkpoint("emu3", tmp_path_factory.mktemp("emu3")).path)
 
 
 @pytest.fixture(scope="module")

@@ -1,70 +1,21 @@
 """Janus adapter on a tiny random `JanusForConditionalGeneration` saved and loaded from disk."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import assert_same_as_ar
 
 import speculaas as sp
-
-BOI, PAD, BOS = 5, 0, 1
+from speculaas.models.random_checkpoints import JANUS_BOI as BOI
+from speculaas.models.random_checkpoints import JANUS_BOS as BOS
+from speculaas.models.random_checkpoints import JANUS_PAD as PAD
+from speculaas.models.random_checkpoints import write_random_checkpoint
 
 
 @pytest.fixture(scope="module")
 def janus_dir(tmp_path_factory):
-    from transformers import (
-        GenerationConfig,
-        JanusConfig,
-        JanusForConditionalGeneration,
-        LlamaConfig,
-    )
-    from transformers.models.janus.configuration_janus import JanusVisionConfig, JanusVQVAEConfig
-
-    torch.manual_seed(0)
-    cfg = JanusConfig(
-        text_config=LlamaConfig(
-            vocab_size=512,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=512,
-            pad_token_id=PAD,
-            bos_token_id=BOS,
-            eos_token_id=2,
-        ),
-        vision_config=JanusVisionConfig(
-            hidden_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            image_size=24,
-            patch_size=4,
-            projection_dim=64,
-            depth=1,
-            num_image_tokens=36,
-        ),
-        vq_config=JanusVQVAEConfig(
-            embed_dim=8,
-            num_embeddings=64,
-            latent_channels=32,
-            base_channels=32,
-            channel_multiplier=[1, 2],
-            num_res_blocks=1,
-            projection_dim=64,
-            image_token_embed_dim=64,
-            num_hidden_layers=2,
-        ),
-        image_token_id=3,
-    )
-    model = JanusForConditionalGeneration(cfg).eval()
-    with torch.no_grad():  # peaked logits, so greedy decoding is far from ties
-        model.model.generation_head.vision_head.weight.mul_(20)
-    model.generation_config = GenerationConfig(
-        pad_token_id=PAD, bos_token_id=BOS, eos_token_id=2, generation_kwargs={"boi_token_id": BOI}
-    )
-    out = tmp_path_factory.mktemp("janus")
-    model.save_pretrained(out)
-    return out
+    return Path(write_random_checkpoint("janus", tmp_path_factory.mktemp("janus")).path)
 
 
 @pytest.fixture(scope="module")
@@ -172,3 +123,15 @@ def test_remote_code_is_never_run(janus_dir, tmp_path):
     (folder / "evil.py").write_text("raise SystemExit('remote code ran')\n")
     model = sp.load_model("janus", str(folder))
     assert type(model.hf).__module__.startswith("transformers.")
+
+
+@pytest.mark.parametrize("name", ["janus", "emu3", "lumina-mgpt", "llamagen"])
+def test_every_random_checkpoint_loads_and_decodes_exactly(name, tmp_path):
+    ckpt = write_random_checkpoint(name, tmp_path / name)
+    model = ckpt.load()
+    assert_same_as_ar(model, ckpt.prompts, windows=(4,), seed=2)
+
+
+def test_an_unknown_random_checkpoint_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="no random checkpoint for 'dalle'"):
+        write_random_checkpoint("dalle", tmp_path)

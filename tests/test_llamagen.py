@@ -1,7 +1,6 @@
 """LlamaGen: our GPT saved in the released .pt layout and loaded through the real loading code
 (weights_only=True), c2i and t2i, plus the VQ-16 weight-name mapping onto JanusVQVAE."""
 
-import re
 
 import numpy as np
 import pytest
@@ -9,51 +8,24 @@ import torch
 from conftest import assert_same_as_ar
 
 import speculaas as sp
-from speculaas.models.llamagen import LlamaGenGPT, make_checkpoint
+from speculaas.models.llamagen import make_checkpoint
+from speculaas.models.random_checkpoints import (
+    LLAMAGEN_GRID,
+    LLAMAGEN_VQ,
+    llamagen_gpt,
+    llamagen_vq,
+    write_random_checkpoint,
+)
 
-GRID = 4
-
-
-def _gpt(model_type):
-    torch.manual_seed(0)
-    gpt = LlamaGenGPT(dim=64, n_layer=2, n_head=4, n_kv_head=2, vocab_size=32, ffn_hidden=96,
-                      grid=GRID, model_type=model_type, num_classes=10, caption_dim=24,
-                      cls_token_num=1 if model_type == "c2i" else 6)
-    with torch.no_grad():
-        gpt.output.weight.normal_(std=2.0)  # peaked logits: greedy decoding away from ties
-        if model_type == "t2i":
-            gpt.cls_embedding.uncond_embedding.normal_()
-    return gpt
-
-
-def _janus_to_llamagen(name):
-    name = re.sub(r"^(encoder)\.down\.(\d+)\.block\.", r"\1.conv_blocks.\2.res.", name)
-    name = re.sub(r"^(encoder)\.down\.(\d+)\.", r"\1.conv_blocks.\2.", name)
-    name = re.sub(r"^(decoder)\.up\.(\d+)\.block\.", r"\1.conv_blocks.\2.res.", name)
-    name = re.sub(r"^(decoder)\.up\.(\d+)\.", r"\1.conv_blocks.\2.", name)
-    for i, part in enumerate(("block_1", "attn_1", "block_2")):
-        name = name.replace(f".mid.{part}.", f".mid.{i}.")
-    return name
-
-
-VQ_CFG = dict(embed_dim=8, num_embeddings=32, latent_channels=32, base_channels=32,
-              channel_multiplier=[1, 2], num_res_blocks=1)
+GRID, VQ_CFG = LLAMAGEN_GRID, LLAMAGEN_VQ
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    from transformers.models.janus.configuration_janus import JanusVQVAEConfig
-    from transformers.models.janus.modeling_janus import JanusVQVAE
-
     out = tmp_path_factory.mktemp("llamagen")
-    make_checkpoint(_gpt("c2i"), out / "c2i_tiny_64.pt")
-    make_checkpoint(_gpt("t2i"), out / "t2i_tiny_64.pt")
-    torch.manual_seed(1)
-    vq = JanusVQVAE(JanusVQVAEConfig(**VQ_CFG, num_patches=GRID, projection_dim=8,
-                                     image_token_embed_dim=8))
-    torch.save({"model": {_janus_to_llamagen(k): v for k, v in vq.state_dict().items()}},
-               out / "vq_tiny.pt")
-    return out, vq
+    write_random_checkpoint("llamagen", out)  # c2i_tiny_64.pt and vq_tiny.pt
+    make_checkpoint(llamagen_gpt("t2i"), out / "t2i_tiny_64.pt")
+    return out, llamagen_vq()  # the tokenizer it wrote, as transformers' JanusVQVAE
 
 
 @pytest.fixture(scope="module")
