@@ -102,3 +102,14 @@ def test_temp_files_of_a_killed_writer_are_cleared_on_the_next_write(cache):
     stale.write_text("{half")
     window.cost_curve(tiny(), 1, False, "t", (1,), steady)
     assert not stale.exists() and json.loads(cache.read_text())
+
+
+def test_a_cache_that_cannot_be_written_is_not_said_to_hold_the_curve(tmp_path, monkeypatch,
+                                                                     capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")  # a file where the cache folder should be
+    monkeypatch.setenv("SPECULAAS_CACHE_DIR", str(blocker / "cache"))
+    assert window.cost_curve(tiny(), 1, False, "t", (1,), steady) == {1: 0.02}
+    said = capsys.readouterr().err
+    assert "memory only (the cache cannot be written)" in said and "cached in " + str(
+        blocker) not in said

@@ -306,7 +306,8 @@ def cost_curve(model, batch: int, cfg: bool, tag: str, windows: tuple[int, ...],
             if held:
                 entry = disk.read()  # what the process we waited for stored
             if not settled(entry):
-                entry = _measure(model, batch, windows, entry, measure, disk.where)
+                where = disk.where if held else "memory only (the cache cannot be written)"
+                entry = _measure(model, batch, windows, entry, measure, where)
                 if held:
                     disk.store(entry)
     known = {**entry["t"], **cached}
