@@ -1,6 +1,7 @@
 """Lumina-mGPT / Chameleon adapter on a tiny random `ChameleonForConditionalGeneration` and a
 tiny VQGAN decoder saved as vqgan.ckpt + vqgan.yaml."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,61 @@ def test_text_prompt_follows_lumina_generation_format(lumina_dir):
     out = sp.generate(model, ["a red fox"], method="csd", top_k=1, decode_images=False)
     ar = sp.generate(model, ["a red fox"], method="ar", top_k=1, decode_images=False)
     assert torch.equal(out.tokens, ar.tokens) and json.dumps(ids)
+
+
+def _official_layout(src, dst, mp=2):
+    """The tiny checkpoint rewritten as Lumina-mGPT's official class stores it: q/k layer norms
+    as one row per model-parallel shard, shared by the shard's heads; and the same weights in
+    transformers' layout (each shard's row repeated over its heads) for comparison."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(src / "model.safetensors")
+    g = torch.Generator().manual_seed(3)
+    ours = {}
+    for name, t in tensors.items():
+        if re.search(r"\.(q|k)_norm\.(weight|bias)$", name):
+            rows = 1 + 0.5 * torch.randn(mp, t.shape[1], generator=g)  # distinct per shard
+            tensors[name] = rows
+            ours[name] = rows.repeat_interleave(t.shape[0] // mp, dim=0)
+    for folder, stored in ((dst / "official", tensors), (dst / "transformers", ours)):
+        shutil.copytree(src, folder)
+        save_file({**tensors, **stored} if stored is ours else stored,
+                  folder / "model.safetensors")
+    config = json.loads((dst / "official" / "config.json").read_text())
+    config["model_parallel_size"] = mp
+    (dst / "official" / "config.json").write_text(json.dumps(config))
+    return dst / "official", dst / "transformers"
+
+
+def test_official_checkpoints_with_per_shard_norms_load(lumina_dir, tmp_path):
+    official, ours = _official_layout(lumina_dir, tmp_path)
+    a = sp.load_model("lumina-mgpt", str(official), grid=(H, W))
+    b = sp.load_model("lumina-mgpt", str(ours), grid=(H, W))
+    la = a.hf(torch.tensor([PROMPTS[0]])).logits
+    assert torch.allclose(la, b.hf(torch.tensor([PROMPTS[0]])).logits)
+    assert not torch.allclose(la, lumina_model_logits(lumina_dir))  # the norms mattered
+    assert_same_as_ar(a, PROMPTS, windows=(4,), seed=1)
+
+
+def lumina_model_logits(folder):
+    return sp.load_model("lumina-mgpt", str(folder), grid=(H, W)).hf(
+        torch.tensor([PROMPTS[0]])).logits
+
+
+def test_a_checkpoint_that_fits_neither_layout_names_the_tensor(lumina_dir, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "bad"
+    shutil.copytree(lumina_dir, bad)
+    tensors = load_file(bad / "model.safetensors")
+    tensors["model.layers.0.self_attn.q_norm.weight"] = torch.ones(3, 16)  # 3 rows for 4 heads
+    save_file(tensors, bad / "model.safetensors")
+    with pytest.raises(ValueError, match=r"model.layers.0.self_attn.q_norm.weight has shape "
+                                         r"\(3, 16\) in the checkpoint, the model expects "
+                                         r"\(4, 16\)"):
+        sp.load_model("lumina-mgpt", str(bad), grid=(H, W))

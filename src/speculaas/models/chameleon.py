@@ -14,6 +14,7 @@ Pixels come from the Chameleon VQGAN (`vqgan.ckpt` + `vqgan.yaml`), see `vqgan.p
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -21,10 +22,45 @@ from PIL import Image
 
 from ..config import SamplingConfig
 from .base import ImageModel, Layout, Session, to_images
-from .hf import PerImageCacheSession, checkpoint_or_model, processor_for
+from .hf import (
+    PerImageCacheSession,
+    checkpoint_or_model,
+    checkpoint_tensors,
+    load_checkpoint,
+    processor_for,
+)
 
 DEFAULTS = SamplingConfig(temperature=1.0, top_k=2000, top_p=None, cfg_scale=3.0)
 EOL_NAME, IMAGE_START_NAME = "<reserved08799>", "<racm3:break>"
+
+
+def load_lumina(path: str, dtype):  # noqa: ANN001, ANN201
+    """A Lumina-mGPT checkpoint in transformers' layout or in the official one, whose q/k layer
+    norms keep one row per model-parallel shard ([model_parallel_size, head_dim], the row shared
+    by that shard's heads): those rows are repeated over the heads, as the official class does
+    at run time. Any other shape that does not fit is refused, naming the tensor."""
+    from transformers import ChameleonForConditionalGeneration
+
+    model, info = load_checkpoint(ChameleonForConditionalGeneration, path, "chameleon", dtype,
+                                  ignore_mismatched_sizes=True, output_loading_info=True)
+    mismatched = {m[0]: m for m in info.get("mismatched_keys", [])}
+    if not mismatched:
+        return model.eval()
+    params = dict(model.named_parameters())
+    stored = checkpoint_tensors(path, list(mismatched))
+    mp = int(getattr(model.config, "model_parallel_size", 1) or 1)
+    for name, tensor in stored.items():
+        target = params.get(name)
+        per_shard = (target is not None and re.search(r"\.(q|k)_norm\.(weight|bias)$", name)
+                     and tensor.dim() == 2 and tensor.shape[1] == target.shape[1]
+                     and tensor.shape[0] in (mp, 1) and target.shape[0] % tensor.shape[0] == 0)
+        if not per_shard:
+            shape = None if target is None else tuple(target.shape)
+            raise ValueError(f"{path}: tensor {name} has shape {tuple(tensor.shape)} in the "
+                             f"checkpoint, the model expects {shape}")
+        with torch.no_grad():
+            target.copy_(tensor.repeat_interleave(target.shape[0] // tensor.shape[0], dim=0))
+    return model.eval()
 
 
 class ChameleonModel(ImageModel):
@@ -37,8 +73,11 @@ class ChameleonModel(ImageModel):
                  processor=None) -> None:  # noqa: ANN001
         from transformers import ChameleonForConditionalGeneration
 
-        self.hf = checkpoint_or_model(ChameleonForConditionalGeneration, path, model, "chameleon",
-                                      dtype)
+        if model is None and path is not None:
+            self.hf = load_lumina(str(path), dtype)
+        else:
+            self.hf = checkpoint_or_model(ChameleonForConditionalGeneration, path, model,
+                                          "chameleon", dtype)
         self.device = torch.device(device)
         self.hf.to(self.device)
         vm = self.hf.model.vocabulary_mapping

@@ -18,9 +18,9 @@ def rollback(cache, length: int) -> None:  # noqa: ANN001
         cache.crop(drop)
 
 
-def load_checkpoint(cls, path: str, model_type: str, dtype):  # noqa: ANN001, ANN201
-    """`cls.from_pretrained(path)` after checking the folder holds a `model_type` checkpoint;
-    every failure becomes a ValueError naming the path and what was expected."""
+def load_checkpoint(cls, path: str, model_type: str, dtype, **kwargs):  # noqa: ANN001, ANN201
+    """`cls.from_pretrained(path, **kwargs)` after checking the folder holds a `model_type`
+    checkpoint; every failure becomes a ValueError naming the path and what was expected."""
     local = Path(path)
     if local.exists() and not (local / "config.json").is_file():
         raise ValueError(f"{local / 'config.json'} not found: expected a {model_type} "
@@ -35,7 +35,7 @@ def load_checkpoint(cls, path: str, model_type: str, dtype):  # noqa: ANN001, AN
         raise ValueError(f"{path!r} holds a {found!r} model, expected {model_type!r}")
     dtype = resolve_dtype(dtype)
     try:
-        return cls.from_pretrained(path, dtype=dtype, trust_remote_code=False).eval()
+        return cls.from_pretrained(path, dtype=dtype, trust_remote_code=False, **kwargs)
     except (OSError, RuntimeError, ValueError) as e:
         raise ValueError(f"cannot load {model_type} weights from {path!r}: {e}") from None
 
@@ -53,7 +53,30 @@ def checkpoint_or_model(cls, path, model, model_type: str, dtype):  # noqa: ANN0
     if path is None:
         raise ValueError(f"{model_type} needs a checkpoint (a local folder or hub name) or an "
                          "already loaded model=")
-    return load_checkpoint(cls, str(path), model_type, dtype)
+    return load_checkpoint(cls, str(path), model_type, dtype).eval()
+
+
+def checkpoint_tensors(path: str, names: list[str]) -> dict[str, torch.Tensor]:
+    """The tensors `names` as a checkpoint folder (or hub name, from the local cache) stores
+    them: model.safetensors, or the shards its index names."""
+    import json
+
+    from safetensors import safe_open
+    from transformers.utils import cached_file
+
+    index = cached_file(path, "model.safetensors.index.json",
+                        _raise_exceptions_for_missing_entries=False)
+    if index is not None:
+        weight_map = json.loads(Path(index).read_text())["weight_map"]
+        files = {n: cached_file(path, weight_map[n]) for n in names}
+    else:
+        single = cached_file(path, "model.safetensors")
+        files = dict.fromkeys(names, single)
+    out = {}
+    for name, file in files.items():
+        with safe_open(file, framework="pt") as f:
+            out[name] = f.get_tensor(name)
+    return out
 
 
 def processor_for(path, processor):  # noqa: ANN001, ANN201
