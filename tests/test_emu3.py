@@ -90,3 +90,20 @@ def test_ar_matches_transformers_constrained_generation(emu3):
         eos_token_id=IDS["<eos>"],
     )
     assert torch.equal(emu3.index_to_bpe[ours.sequence[0]], theirs[0, prompt.shape[1] :])
+
+
+def test_a_non_square_grid_states_its_own_size(emu3_dir):
+    from transformers.models.emu3.processing_emu3 import Emu3Processor
+
+    seen = {}
+
+    class Recording:  # stands in for the checkpoint's processor: records what it is asked
+        def __call__(self, **kwargs):
+            seen.update(kwargs)
+            from types import SimpleNamespace
+            return SimpleNamespace(input_ids=torch.tensor([[BOS, 5, BOI, 20, IDS["<image>"]]]))
+
+    model = sp.load_model("emu3", str(emu3_dir), grid=(4, 6), processor=Recording())
+    model.check_prompts(["a red cat"])
+    size = Emu3Processor.calculate_generate_size(None, seen["ratio"], seen["image_area"], 8)
+    assert size == (4, 6)  # rows x cols in the size header, not a square of the same area

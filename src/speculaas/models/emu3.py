@@ -69,9 +69,10 @@ class Emu3Model(ImageModel):
                     "this Emu3 checkpoint ships no processor; pass prompts as lists of token ids"
                 )
             rows, cols = self.grid
-            ids = self.processor(
+            ids = self.processor(  # the size header states this grid: "{rows}*{cols}"
                 text=[prompt],
                 return_for_image_generation=True,
+                ratio=f"{cols}:{rows}",  # width:height; with the area, exactly rows x cols
                 image_area=rows * cols * 64,
                 return_tensors="pt",
             ).input_ids[0]
