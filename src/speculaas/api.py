@@ -26,8 +26,8 @@ class GenerationOutput:
     forwards spent on each image (prefill excluded: AR spends N); commit_step [B, rows, cols]
     iteration that committed each token; drafted [B, rows, cols] True where an accepted draft was
     committed; entropy [B, rows, cols] target entropy (nats) at each token's verification;
-    latency_s wall time of prefill + decode (image decoding excluded). windows: per image, forwards at each window size {W: count} (AR: all
-    at 1); mean_window the mean of it.
+    latency_s wall time of prefill + decode (image decoding excluded). windows: per image,
+    forwards at each window size {W: count} (AR: all at 1); mean_window the mean of it.
     """
 
     method: str

@@ -37,7 +37,6 @@ from . import vq as vqlib
 from .judge import Judge, images_to_tensor, scene_labels
 from .scenes import CAPTION_LEN, WORDS, sample_scenes, tokenize_caption
 
-
 # What each TrainConfig field sets (`speculaas train --help` shows these with the defaults).
 OPTION_HELP = {
     "seed": "seed of the scenes, initialisation and batches",
