@@ -4,6 +4,7 @@ under it; a cancelled request frees its row within one iteration; the OpenAI cli
 a live server on loopback; bad requests get 400, a full queue 503."""
 
 import base64
+import contextlib
 import io
 
 import pytest
@@ -365,6 +366,50 @@ def test_draining_answers_every_request_then_stops(tiny):
     assert fr.result(timeout=1).forward_passes > 0  # the running one finished
     with pytest.raises(Cancelled, match="shutting down"):
         fw.result(timeout=1)
+
+
+def test_sigterm_mid_decode_answers_the_client_then_exits():
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    import httpx
+    from conftest import free_port
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "speculaas.cli", "serve", "--port", str(port),
+                             "--warm-up", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    answer = {}
+
+    def client() -> None:  # eight one-token-step images: seconds of decoding on a CPU
+        body = {"prompt": "a big red circle on the left over grass", "n": 8, "window": 1}
+        answer["r"] = httpx.post(f"{url}/v1/images/generations", json=body, timeout=120)
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    while time.monotonic() < deadline and httpx.get(f"{url}/health").json()["running"] == 0:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # mid-decode: the client waits
+    refused = None
+    with contextlib.suppress(httpx.HTTPError):
+        refused = httpx.post(f"{url}/v1/images/generations", json={"prompt": "a big red circle "
+                             "on the left over grass"}, timeout=10)
+    thread.join(timeout=120)
+    out, _ = proc.communicate(timeout=60)
+    assert answer["r"].status_code == 200 and len(answer["r"].json()["data"]) == 8, out
+    assert refused is None or refused.status_code == 503  # no new work once draining
+    assert proc.returncode == 0 and "answered every one, exiting" in out
 
 
 def test_sigterm_stops_the_server_cleanly():
