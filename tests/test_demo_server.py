@@ -92,3 +92,25 @@ def test_concurrent_users_decode_together_and_draw_their_own_images(demo_url):
     assert max(r["mean_batch"] for r in runs) > 1.0
     assert runs[0]["image"] == alone[0]["image"]
     assert runs[0]["forward_passes"] == alone[0]["forward_passes"]
+
+
+def test_the_demo_takes_json_only_from_its_own_host(builtin):
+    from fastapi.testclient import TestClient
+
+    from speculaas.demo.app import create_app
+    from speculaas.serve.app import allowed_hosts
+    from speculaas.serve.engine import Engine
+
+    engine = Engine(builtin, max_batch=2).start()
+    try:
+        app = create_app(builtin, engine, allowed_hosts("127.0.0.1", 7860))
+        local = TestClient(app, base_url="http://127.0.0.1:7860")
+        form = local.post("/api/generate", content=json.dumps(GOOD).encode(),
+                          headers={"content-type": "text/plain"})
+        assert form.status_code == 415  # what a page elsewhere can send without a preflight
+        rebound = TestClient(app, base_url="http://attacker.example:7860")
+        assert rebound.post("/api/generate", json=GOOD).status_code == 421
+        assert local.post("/api/generate", json={**GOOD, "caption": "x" * 70_000}
+                          ).status_code == 413
+    finally:
+        engine.stop()

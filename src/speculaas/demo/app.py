@@ -221,12 +221,16 @@ def run_request(model, req: dict, watch: _Watch | None = None, engine=None) -> d
     return {"runs": results}
 
 
-def create_app(model, engine=None):  # noqa: ANN001, ANN201
+def create_app(model, engine=None, hosts: set[str] | None = None):  # noqa: ANN001, ANN201
     """The demo's app; `engine`: the serving engine its users share (None: one of its own on a
-    background thread; `serve` runs it on the main thread instead)."""
+    background thread; `serve` runs it on the main thread instead); hosts: the Host headers it
+    answers (serve.app.allowed_hosts; None: any). Generation takes JSON only as
+    application/json and within the API server's body limit, so no other page can make it
+    work."""
     from fastapi import FastAPI, Request
     from fastapi.responses import HTMLResponse, JSONResponse
 
+    from ..serve.app import Refused, check_caller, read_json
     from ..serve.engine import Engine
 
     app = FastAPI(title="speculaas demo")
@@ -267,14 +271,17 @@ def create_app(model, engine=None):  # noqa: ANN001, ANN201
     @app.post("/api/generate")
     async def gen(request: Request):  # noqa: ANN202
         try:
+            check_caller(request.headers, hosts, None)
             try:
-                form = await request.json()
-            except (ValueError, UnicodeDecodeError):
+                form = await read_json(request)
+            except ValueError:
                 raise ValueError("could not read the request: the body is not valid JSON") \
                     from None
             if not isinstance(form, dict):
                 raise ValueError("the request must be a JSON object")
             req = parse_request(form, model)
+        except Refused as e:
+            return JSONResponse({"error": str(e)}, status_code=e.status)
         except ValueError as e:
             return JSONResponse({"error": str(e)}, status_code=400)
         except Exception:  # noqa: BLE001 - malformed JSON and the like
@@ -313,6 +320,8 @@ def serve(model_name: str = "builtin", host: str = "127.0.0.1", port: int = 7860
     if model.name != "builtin":
         raise ValueError("the demo takes caption prompts; use --model builtin")
     engine = Engine(model, max_batch=QUEUE_LIMIT, queue_size=2 * QUEUE_LIMIT)
-    run_beside(engine, create_app(model, engine), host, port,
+    from ..serve.app import allowed_hosts
+
+    run_beside(engine, create_app(model, engine, allowed_hosts(host, port)), host, port,
                banner=f"speculaas demo on http://{host}:{port}",
                warm=EngineRequest(prompt=None, method="csd"))
