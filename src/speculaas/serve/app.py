@@ -352,6 +352,11 @@ def run_beside(engine: Engine, app, host: str, port: int, banner: str | None = N
 
     if warm is not None:
         engine.warming = True  # /health says so from its first answer
+
+    def on_term(signum, frame) -> None:  # noqa: ANN001 - only sets a flag: signal-safe
+        engine.drain(DRAIN_S)
+
+    signal.signal(signal.SIGTERM, on_term)  # before the first request can arrive
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="speculaas-http", daemon=True)
     thread.start()
@@ -364,11 +369,6 @@ def run_beside(engine: Engine, app, host: str, port: int, banner: str | None = N
           "GET /health", flush=True)
     watcher = threading.Thread(target=lambda: (thread.join(), engine.stop()), daemon=True)
     watcher.start()
-
-    def on_term(signum, frame) -> None:  # noqa: ANN001 - only sets a flag: signal-safe
-        engine.drain(DRAIN_S)
-
-    signal.signal(signal.SIGTERM, on_term)
     try:
         engine.serve_forever(warm, warm_up_s)
         if engine.drain_until is not None:
