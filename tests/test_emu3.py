@@ -92,7 +92,7 @@ def test_ar_matches_transformers_constrained_generation(emu3):
     assert torch.equal(emu3.index_to_bpe[ours.sequence[0]], theirs[0, prompt.shape[1] :])
 
 
-def test_a_non_square_grid_states_its_own_size(emu3_dir):
+def test_text_prompts_follow_the_recipe_and_state_their_grid(emu3_dir):
     from transformers.models.emu3.processing_emu3 import Emu3Processor
 
     seen = {}
@@ -107,3 +107,7 @@ def test_a_non_square_grid_states_its_own_size(emu3_dir):
     model.check_prompts(["a red cat"])
     size = Emu3Processor.calculate_generate_size(None, seen["ratio"], seen["image_area"], 8)
     assert size == (4, 6)  # rows x cols in the size header, not a square of the same area
+    assert seen["text"] == ["a red cat masterpiece, film grained, best quality."]  # the recipe's
+    plain = sp.load_model("emu3", str(emu3_dir), processor=Recording(), quality_suffix="")
+    plain.check_prompts(["a red cat"])
+    assert seen["text"] == ["a red cat"]

@@ -9,7 +9,8 @@ prompt with its text replaced by padding, so both rows have the same length. Pix
 `Emu3VQVAE.decode`.
 
 Prompts are lists of token ids in Emu3's generation format (bos, text, image start,
-"{H}*{W}", image token) or, when the checkpoint ships a processor, strings.
+"{H}*{W}", image token) or, when the checkpoint ships a processor, strings, to which Emu3's
+quality suffix is appended as its own script does (`quality_suffix=""` turns it off).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from .base import ImageModel, Layout, Session, to_images
 from .hf import PerImageCacheSession, checkpoint_or_model, processor_for
 
 DEFAULTS = SamplingConfig(temperature=1.0, top_k=2048, top_p=None, cfg_scale=3.0)
+# Emu3's generation script appends this to every caption (its "positive prompt").
+QUALITY_SUFFIX = " masterpiece, film grained, best quality."
 
 
 class Emu3Model(ImageModel):
@@ -35,9 +38,15 @@ class Emu3Model(ImageModel):
         grid: tuple[int, int] = (90, 90),
         model=None,  # noqa: ANN001
         processor=None,  # noqa: ANN001
+        quality_suffix: str | None = QUALITY_SUFFIX,
     ) -> None:
+        """quality_suffix: appended to text prompts, as Emu3's own script does ("" or None:
+        the caption as written)."""
         from transformers import Emu3ForConditionalGeneration
 
+        if quality_suffix is not None and not isinstance(quality_suffix, str):
+            raise ValueError(f"quality_suffix must be a string, got {quality_suffix!r}")
+        self.quality_suffix = quality_suffix or ""
         self.hf = checkpoint_or_model(Emu3ForConditionalGeneration, path, model, "emu3", dtype)
         given = model is not None
         path = path or "the given model"
@@ -70,7 +79,7 @@ class Emu3Model(ImageModel):
                 )
             rows, cols = self.grid
             ids = self.processor(  # the size header states this grid: "{rows}*{cols}"
-                text=[prompt],
+                text=[prompt + self.quality_suffix],
                 return_for_image_generation=True,
                 ratio=f"{cols}:{rows}",  # width:height; with the area, exactly rows x cols
                 image_area=rows * cols * 64,
