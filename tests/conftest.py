@@ -53,11 +53,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@contextlib.contextmanager
-def serve_process(*args: str, wait_s: float = 60.0):
-    """`speculaas serve ARGS` on a free loopback port: yields its base URL once /health says ok
-    (the server's output in the error if it never does); terminated on exit. Without a
-    --warm-up in ARGS the server skips its warm-up (tests of the warm-up ask for it)."""
+def start_serve(*args: str, wait_s: float = 60.0):  # noqa: ANN201
+    """`speculaas serve ARGS` on a free loopback port, once /health says ok: (the process, its
+    base URL); the server's output in the error if it never does. Without a --warm-up in ARGS
+    the server skips its warm-up (tests of the warm-up ask for it)."""
     import subprocess
     import sys
     import time
@@ -70,16 +69,22 @@ def serve_process(*args: str, wait_s: float = 60.0):
     proc = subprocess.Popen([sys.executable, "-m", "speculaas.cli", "serve", "--port", str(port),
                              *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + wait_s
+    while True:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            raise RuntimeError(f"speculaas serve did not start: {proc.stdout.read()}")
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def serve_process(*args: str, wait_s: float = 60.0):
+    """start_serve as a context: yields the base URL; the server is terminated on exit."""
+    proc, url = start_serve(*args, wait_s=wait_s)
     try:
-        deadline = time.monotonic() + wait_s
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError(f"speculaas serve did not start: {proc.stdout.read()}")
-            time.sleep(0.1)
         yield url
     finally:
         proc.terminate()

@@ -370,43 +370,35 @@ def test_draining_answers_every_request_then_stops(tiny):
 
 def test_sigterm_mid_decode_answers_the_client_then_exits():
     import signal
-    import subprocess
-    import sys
     import threading
     import time
 
     import httpx
-    from conftest import free_port
+    from conftest import start_serve
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "speculaas.cli", "serve", "--port", str(port),
-                             "--warm-up", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    answer = {}
+    proc, url = start_serve()
+    try:
+        answer = {}
 
-    def client() -> None:  # eight one-token-step images: seconds of decoding on a CPU
-        body = {"prompt": "a big red circle on the left over grass", "n": 8, "window": 1}
-        answer["r"] = httpx.post(f"{url}/v1/images/generations", json=body, timeout=120)
+        def client() -> None:  # eight one-token-step images: seconds of decoding on a CPU
+            body = {"prompt": "a big red circle on the left over grass", "n": 8, "window": 1}
+            answer["r"] = httpx.post(f"{url}/v1/images/generations", json=body, timeout=120)
 
-    thread = threading.Thread(target=client)
-    thread.start()
-    while time.monotonic() < deadline and httpx.get(f"{url}/health").json()["running"] == 0:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)  # mid-decode: the client waits
-    refused = None
-    with contextlib.suppress(httpx.HTTPError):
-        refused = httpx.post(f"{url}/v1/images/generations", json={"prompt": "a big red circle "
-                             "on the left over grass"}, timeout=10)
-    thread.join(timeout=120)
-    out, _ = proc.communicate(timeout=60)
+        thread = threading.Thread(target=client)
+        thread.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and httpx.get(f"{url}/health").json()["running"] == 0:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)  # mid-decode: the client waits
+        refused = None
+        with contextlib.suppress(httpx.HTTPError):
+            refused = httpx.post(f"{url}/v1/images/generations", json={
+                "prompt": "a big red circle on the left over grass"}, timeout=10)
+        thread.join(timeout=120)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
     assert answer["r"].status_code == 200 and len(answer["r"].json()["data"]) == 8, out
     assert refused is None or refused.status_code == 503  # no new work once draining
     assert proc.returncode == 0 and "answered every one, exiting" in out
@@ -414,25 +406,15 @@ def test_sigterm_mid_decode_answers_the_client_then_exits():
 
 def test_sigterm_stops_the_server_cleanly():
     import signal
-    import subprocess
-    import sys
-    import time
 
-    import httpx
-    from conftest import free_port
+    from conftest import start_serve
 
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "speculaas.cli", "serve", "--model", "tiny",
-                             "--port", str(port), "--warm-up", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=30)
+    proc, _ = start_serve("--model", "tiny")
+    try:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
     assert proc.returncode == 0, out
     assert "answered every one, exiting" in out

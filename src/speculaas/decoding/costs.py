@@ -383,8 +383,6 @@ def modelled_seconds(curve: dict[int, float], windows: dict[int, int]) -> float:
     return total
 
 
-
-
 # Reference curves in units of one plain AR step (window 0) of the same batch, per device kind
 # and batch size (the largest listed batch <= the decode's is used). CPU: the built-in model's
 # loop (csd) measured on a quiet 2-core machine (`python benchmarks/reference_curves.py`,
@@ -479,6 +477,15 @@ class CurveSource:
         self.model, self.batch, self.cfg, self.tag, self.learn = model, batch, cfg, tag, learn
         self.machine = learn if machine is None else machine  # may this machine's curve decide?
         self.online: OnlineCurve | None = None
+        self._disk: _DiskCache | None = None
+
+    @property
+    def disk(self) -> _DiskCache:
+        """The setting's place in the cache file (its key, from the model's parameters, is
+        worked out once per decode)."""
+        if self._disk is None:
+            self._disk = _DiskCache(self.model, self.batch, self.cfg, self.tag)
+        return self._disk
 
     def stored(self) -> tuple[dict[int, float], set[int]] | None:
         """This machine's curve of the setting (in the process, else on disk) and the windows
@@ -487,11 +494,14 @@ class CurveSource:
         known = _COSTS.get(self.model, {}).get(key)
         if known:
             return dict(known), set(_TIMED.get(self.model, {}).get(key, known))
-        entry = _DiskCache(self.model, self.batch, self.cfg, self.tag).read()
+        entry = self.disk.read()
         return None if entry is None else (dict(entry["t"]), set(entry["spread"]))
 
     def open(self) -> OnlineCurve:
-        """The curve a policy starts from (learned from only where `learn`)."""
+        """The curve a policy starts from (learned from only where `learn`); opened once per
+        decode, later calls return the same."""
+        if self.online is not None:
+            return self.online
         stored = self.stored() if self.machine else None
         if stored is None:
             stored = reference_curve(self.model.device.type, self.batch), set()
@@ -507,8 +517,7 @@ class CurveSource:
                  if w in curve and self.online.known(w)}
         _COSTS.setdefault(self.model, {})[key] = curve
         _TIMED.setdefault(self.model, {})[key] = set(timed)
-        disk = _DiskCache(self.model, self.batch, self.cfg, self.tag)
-        if disk.path is not None:
+        if self.disk.path is not None:
             spread = summarise(timed)["spread"]  # timed windows only: what later decodes trust
-            disk.store({"t": curve, "spread": spread, "ok": consistent(curve, spread),
+            self.disk.store({"t": curve, "spread": spread, "ok": consistent(curve, spread),
                         "rounds": 1}, wait=0.5)

@@ -196,23 +196,21 @@ def decode(model: ImageModel, session: Session, rule: AcceptanceRule, sampling: 
 
 
 def curve_tag(session: Session, sampling: SamplingConfig, rule: AcceptanceRule,
-              jacobi: JacobiConfig, tree: tuple | None = None) -> str:
+              jacobi: JacobiConfig) -> str:
     """What else the cost of an iteration depends on, beside the model, batch and guidance:
     the rule, the drafter, the verification, top-k / top-p work over the vocabulary, the
-    prompt's length (attention over it; bucketed by powers of two), a candidate tree."""
+    prompt's length (attention over it; bucketed by powers of two)."""
     context = session.context_length()
     verify = "gumbel" if gumbel_verification(jacobi, rule) else "ratio"
     return (f"{rule.name}/{jacobi.draft_init}/{jacobi.coupling}/{verify}/"
             f"top_k={sampling.top_k is not None}/top_p={sampling.top_p is not None}/"
-            f"context<={1 << max(context - 1, 0).bit_length()}"
-            + ("" if tree is None else f"/tree={tree[0]},{tree[1]},{tree[2]}"))
+            f"context<={1 << max(context - 1, 0).bit_length()}")
 
 
 def measure_cost_curve(model: ImageModel, session: Session, sampling: SamplingConfig,
                        windows: tuple[int, ...], rule: AcceptanceRule | None = None,
                        jacobi: JacobiConfig | None = None, sweeps: int = 4,
-                       warm: int = 2, timed: int = 2,
-                       tree: tuple[int, int, int | None] | None = None) -> dict[int, float]:
+                       warm: int = 2, timed: int = 2) -> dict[int, float]:
     """Median wall time of one iteration of this loop at each window size for this batch, in
     seconds; window 0 is one step of plain AR decoding. What is timed is step() itself, with
     the decode's rule and drafter, from a state half-way through the images (no drafts waiting:
@@ -224,7 +222,6 @@ def measure_cost_curve(model: ImageModel, session: Session, sampling: SamplingCo
     step varies by 20 % from one second to the next, and AR and speculation are compared by
     ratio. Runs on the decode's own session: what a window writes past a committed prefix never
     influences later results (the Session contract), so the measurement leaves no trace.
-    tree: time a step with this candidate tree (tree.py) at each window instead of a chain.
     Cached (costs.cost_curve); what decodes of the setting start from afterwards."""
     rule = get_rule("sjd") if rule is None else rule
     jacobi = JacobiConfig(window=max(windows)) if jacobi is None else jacobi
@@ -234,14 +231,8 @@ def measure_cost_curve(model: ImageModel, session: Session, sampling: SamplingCo
         start = max(0, min(length // 2, length - max(todo)))
         gens = [torch.Generator(device=dev).manual_seed(i) for i in range(batch)]
         ar = AutoregressiveLoop(model, session, sampling, gens)
-        def frontier(w: int) -> Frontier:
-            if tree is None:
-                return Raster(model, WindowPolicy(w))
-            return Tree(model, WindowPolicy(w), tree, rule, sampling,
-                        gumbel_verification(jacobi, rule))
-
-        loops = {w: Loop(model, session, rule, sampling, jacobi, frontier(w), gens)
-                 for w in todo if w}
+        loops = {w: Loop(model, session, rule, sampling, jacobi, Raster(model, WindowPolicy(w)),
+                         gens) for w in todo if w}
         times: dict[int, list[float]] = {w: [] for w in todo}
         table = None
         for _ in range(sweeps):
@@ -259,7 +250,7 @@ def measure_cost_curve(model: ImageModel, session: Session, sampling: SamplingCo
                         times[w].append(time.perf_counter() - t0)
         return times
 
-    tag = curve_tag(session, sampling, rule, jacobi, tree)
+    tag = curve_tag(session, sampling, rule, jacobi)
     with torch.inference_mode():
         return cost_curve(model, batch, sampling.uses_cfg, tag, windows, time_all)
 

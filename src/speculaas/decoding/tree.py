@@ -204,7 +204,7 @@ def tree_width(policy: AutoWindow, tree: tuple[int, int, int | None], batch: int
     if policy.cost is not None:
         widths_cost = {w: policy.cost[w] for w in widths if w in policy.cost}
     else:
-        widths_cost = (costs.online or costs.open()).curve(widths)
+        widths_cost = costs.open().curve(widths)
     if not widths_cost:
         return None
     rate, width = max((prior_tokens(TREE_PRIOR_TOKENS[kind], w) / t, w)

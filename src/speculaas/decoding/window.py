@@ -129,7 +129,7 @@ class AutoWindow(WindowPolicy):
         if costs is None:
             raise ValueError("AutoWindow needs a cost curve: give `cost`, or let the decoding "
                              "loop give one")
-        return (costs.online or costs.open()).curve((0, *self.candidates))
+        return costs.open().curve((0, *self.candidates))
 
     def begin(self, model, session: Session, cfg: bool, lossless: bool = True,  # noqa: ANN001
               costs: CurveSource | None = None) -> None:
@@ -145,8 +145,7 @@ class AutoWindow(WindowPolicy):
         prior = self.prior or PRIOR_TOKENS["lossless" if lossless else "relaxed"]
         self.batch, self.curve, self.device = batch, curve, device
         self.cand = torch.tensor(self.candidates, device=device)
-        self.t = torch.tensor([curve[w] for w in self.candidates], device=device,
-                              dtype=torch.float32)
+        self._set_costs(curve)
         self.prior_e = [prior_tokens(prior, w) for w in self.candidates]
         self.e0 = torch.tensor(self.prior_e, device=device)
         self.straggle = straggler_factor(self.cand, batch, self.spread)
@@ -201,11 +200,15 @@ class AutoWindow(WindowPolicy):
         self.seen[act] = self.seen[act] * self.decay + accepted.float()
         self.expected[act] = self.expected[act] * self.decay + (self.e0[fits] - 1)
 
+    def _set_costs(self, curve: dict[int, float]) -> None:
+        """t [candidates]: the curve's seconds per iteration at each candidate window."""
+        self.t = torch.tensor([curve[w] for w in self.candidates], device=self.device,
+                              dtype=torch.float32)
+
     def _update(self) -> None:
         """Refresh t(W) from the timings, and queue the most promising untimed window."""
         curve = self.online.curve(self.candidates)
-        self.t = torch.tensor([curve[w] for w in self.candidates], device=self.device,
-                              dtype=torch.float32)
+        self._set_costs(curve)
         rate = [e / curve[w] for e, w in zip(self.prior_e, self.candidates, strict=True)]
         best = max(rate)
         untimed = [i for i, w in enumerate(self.candidates)

@@ -30,13 +30,12 @@ from PIL import Image
 
 from ..checks import is_integer, is_number
 from ..config import METHODS, RULE_DEFAULTS
-from .engine import Cancelled, Engine, QueueFull, Request, ShuttingDown
+from .engine import LOG, Cancelled, Engine, QueueFull, Request, ShuttingDown
 
 MAX_N = 8
 MAX_PROMPT_CHARS = 1000
 TIME_LIMIT_S = 300.0
 DRAIN_S = 30.0  # on SIGTERM, how long running requests may take to finish
-LOG = logging.getLogger("speculaas.serve")
 # One line per API call (serve() sends it to stderr with a time stamp): what an operator needs to
 # answer "what happened to request X" (the client sees X as the x-request-id header).
 ACCESS_LOG = logging.getLogger("speculaas.serve.access")
@@ -331,9 +330,8 @@ def serve(model_name: str = "builtin", host: str = "127.0.0.1", port: int = 8000
     model = load_model(model_name, weights)
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
-    log = logging.getLogger("speculaas.serve")  # the access log and the engine's errors
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
+    LOG.addHandler(handler)  # the engine's errors and, below it, the access log
+    LOG.setLevel(logging.INFO)
     engine = Engine(model, max_batch=max_batch, queue_size=queue_size)
     warm = Request(prompt=None, method="sjd") if warm_up_s > 0 else None
     run_beside(engine, create_app(engine, time_limit_s, hosts, api_key), host, port, warm=warm,

@@ -142,7 +142,7 @@ class BatchWindow(WindowPolicy):
         self.windows = torch.tensor(CANDIDATES)
         self.straggle = straggler_factor(self.windows, capacity, spread)
         self.e0 = torch.tensor([prior_tokens(self.prior, w) for w in CANDIDATES])
-        self.buckets = sorted({min(1 << k, capacity) for k in range(capacity.bit_length() + 1)})
+        self.buckets = batch_buckets(capacity)
         self.table = [1] * (capacity + 1)  # window per batch size 0 .. capacity
         self.known: set[int] = set()
         self._table: torch.Tensor | None = None
@@ -170,24 +170,35 @@ class BatchWindow(WindowPolicy):
         return self._table[active.sum()]
 
 
+def batch_buckets(capacity: int) -> list[int]:
+    """The batch sizes whose cost curves window="auto" reads: powers of two up to `capacity`,
+    and `capacity` itself."""
+    return sorted({min(1 << k, capacity) for k in range(capacity.bit_length() + 1)})
+
+
+def lane_setting(model: ImageModel, req: Request) -> tuple:
+    """(rule, sampling, jacobi, auto) of a request's decode setting; plain AR runs as the sjd
+    loop at window 1 (the same tokens); auto: whether the window is chosen per batch."""
+    rule = build_rule(model, req.method, **req.options)
+    if rule is None:
+        rule = build_rule(model, "sjd")
+    sampling = resolve_sampling(model, req.temperature, req.top_k, req.top_p, req.cfg_scale)
+    window = 1 if req.method == "ar" else req.window
+    jacobi = JacobiConfig(window=window if window != "auto" else max(CANDIDATES),
+                          coupling=req.coupling, draft_init=req.draft_init)
+    return rule, sampling, jacobi, window == "auto"
+
+
 class Lane:
     """One decode setting's rows: a loop over a session of `capacity` rows."""
 
     def __init__(self, model: ImageModel, req: Request, capacity: int) -> None:
         self.model, self.capacity = model, capacity
-        self.rule = build_rule(model, req.method, **req.options)
-        if self.rule is None:  # plain AR is the sjd loop at window 1: the same tokens
-            self.rule = build_rule(model, "sjd")
-        self.sampling = resolve_sampling(model, req.temperature, req.top_k, req.top_p,
-                                         req.cfg_scale)
-        window = 1 if req.method == "ar" else req.window
-        jacobi = JacobiConfig(window=window if window != "auto" else max(CANDIDATES),
-                              coupling=req.coupling, draft_init=req.draft_init)
+        self.rule, self.sampling, jacobi, auto = lane_setting(model, req)
         self.session = model.start([None] * capacity, cfg=self.sampling.uses_cfg)
-        self.jacobi = jacobi
-        self.tag = curve_tag(self.session, self.sampling, self.rule, jacobi)
-        policy = (BatchWindow(model, self.rule, self.sampling, jacobi, capacity, self.tag)
-                  if window == "auto" else WindowPolicy(int(window)))
+        tag = curve_tag(self.session, self.sampling, self.rule, jacobi)
+        policy = (BatchWindow(model, self.rule, self.sampling, jacobi, capacity, tag)
+                  if auto else WindowPolicy(int(jacobi.window)))
         self.policy = policy
         gens = [torch.Generator(device=model.device).manual_seed(0) for _ in range(capacity)]
         self.loop = Loop(model, self.session, self.rule, self.sampling, jacobi,
@@ -292,18 +303,18 @@ class Engine:
         kind's reference curve. Requests submitted meanwhile wait in the queue."""
         self.warming = True
         try:
-            lane = Lane(self.model, req, self.max_batch)
-            if not isinstance(lane.policy, BatchWindow):
+            rule, sampling, jacobi, auto = lane_setting(self.model, req)
+            if not auto:
                 return
             deadline = time.monotonic() + budget_s
-            for b in lane.policy.buckets:
+            for b in batch_buckets(self.max_batch):
                 if time.monotonic() > deadline:
                     print(f"speculaas: warm-up stopped after {budget_s:.0f} s; batch sizes from "
                           f"{b} on use the reference cost curve", file=sys.stderr, flush=True)
                     break
-                session = self.model.start([None] * b, cfg=lane.sampling.uses_cfg)
-                measure_cost_curve(self.model, session, lane.sampling, (0, *CANDIDATES),
-                                   lane.rule, lane.jacobi)
+                session = self.model.start([None] * b, cfg=sampling.uses_cfg)
+                measure_cost_curve(self.model, session, sampling, (0, *CANDIDATES), rule,
+                                   jacobi)
         finally:
             self.warming, self.warm_end = False, time.monotonic()
 
