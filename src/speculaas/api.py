@@ -15,6 +15,7 @@ from .decoding import DecodeResult, autoregressive_decode, decode
 from .decoding.frontier_rows import check_row_context
 from .decoding.tree import check_tree
 from .decoding.window import WindowPolicy
+from .drafter.head import resolve_drafter
 from .models.base import ImageModel
 
 
@@ -102,6 +103,7 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
              draft_init: str = DEFAULT_DRAFT_INIT, coupling: str = DEFAULT_COUPLING,
              advance: str = "per_image", row_context: int | None = None,
              verify: str = "gumbel", tree: tuple | str | None = None,
+             drafter=None, draft_depth: int | None = None,  # noqa: ANN001
              progress=False, max_batch: int = 32,
              decode_images: bool = True, profile: bool = False, **options) -> GenerationOutput:
     """Generate one image per prompt with `method` (see METHODS); method options by name
@@ -122,7 +124,12 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
     every window, N off-chain nodes, verified in the same forward under a tree attention mask
     (decoding/tree.py); `window` is then the width budget per image and forward, the tree's
     slots included ("auto": a tree width only where the cost curve says the tree pays, else the
-    chain). Same models as row_context; every rule keeps its law."""
+    chain). Same models as row_context; every rule keeps its law.
+    drafter: a trained draft head for this model (a folder written by `speculaas
+    train-drafter`, "shipped" for the built-in model's, or a loaded DraftHead) drafting
+    `draft_depth` slots at the head of every window from the target's own features; every rule
+    keeps its law (sjd still draws ar's tokens), and a head trained for other weights is
+    refused."""
     if not isinstance(model, ImageModel):
         hint = f"sp.load_model({model!r})" if isinstance(model, str) else "sp.load_model(NAME)"
         raise ValueError(f"model must be a loaded model ({hint}), got "
@@ -139,7 +146,8 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
     policy = window if isinstance(window, WindowPolicy) else None
     jacobi = JacobiConfig(window=policy.max_window if policy else window, draft_init=draft_init,
                           coupling=coupling, advance=advance, row_context=row_context,
-                          verify=verify, tree=tree)
+                          verify=verify, tree=tree, draft_depth=draft_depth)
+    head = resolve_drafter(drafter, model) if rule is not None else None
     check_row_context(model, jacobi, speculative=rule is not None, policy=policy)
     if jacobi.tree is not None and rule is not None:
         check_tree(jacobi.tree, model, jacobi.window)
@@ -162,7 +170,7 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
             parts.append(autoregressive_decode(model, session, sampling, gens[lo:hi], bar))
         else:
             parts.append(decode(model, session, rule, sampling, jacobi, gens[lo:hi], bar,
-                                profile=profile, policy=policy))
+                                profile=profile, policy=policy, drafter=head))
     res = DecodeResult.concat(parts)
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
@@ -185,6 +193,8 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
                  "verify": verify,
                  **({"row_context": row_context} if row_context is not None else {}),
                  **({"tree": jacobi.tree} if jacobi.tree is not None else {}),
+                 **({"drafter": head.head_id, "draft_depth": jacobi.draft_depth
+                     or head.cfg.depth} if head is not None else {}),
                  **options, **vars(sampling)},
         sequence=res.tokens.cpu(),
         mean_window=res.mean_window.cpu(),

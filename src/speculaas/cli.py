@@ -17,6 +17,7 @@ from .config import (
     VERIFY_MODES,
 )
 
+DRAFTER_MODELS = ("builtin", "tiny")  # adapters whose sessions record features (draft_io)
 MAX_IMAGES = 10_000  # per CLI call; larger jobs belong in `speculaas bench` or a script
 
 
@@ -168,6 +169,13 @@ def add_decoding_flags(p: argparse.ArgumentParser) -> None:
                         "to D positions, N off-chain nodes (default: the full tree, at most half "
                         "the window); the window is then the width budget. With --window auto "
                         "the tree runs only where the measured cost curve says it pays")
+    p.add_argument("--drafter", default=None, metavar="DIR",
+                   help="a trained draft head for this model (a folder from `speculaas "
+                        "train-drafter`, or 'shipped': the built-in model's): it drafts the "
+                        "head of every window from the target's own features; every rule keeps "
+                        "its law")
+    p.add_argument("--draft-depth", type=int, default=None, metavar="N",
+                   help="slots the draft head drafts per window (None: the head's default)")
     p.add_argument("--temperature", type=float, default=None,
                    help="None: the model's default (1 for every adapter)")
     p.add_argument("--top-k", type=int, default=None,
@@ -197,8 +205,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                       cfg_scale=args.cfg_scale, draft_init=args.draft_init,
                       coupling=args.coupling, row_context=args.row_context, progress=True,
-                      verify=args.verify, tree=args.tree,
-                      **_rule_options(args))
+                      verify=args.verify, tree=args.tree, drafter=args.drafter,
+                      draft_depth=args.draft_depth, **_rule_options(args))
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     paths = [path] if len(prompts) == 1 else [
@@ -249,6 +257,38 @@ def cmd_bench(args: argparse.Namespace) -> None:
     if summary is not None:
         print(summary["table"])
         print(f"results, table.md, summary.json, pareto.png and maps/ in {cfg.out}")
+
+
+def cmd_train_drafter(args: argparse.Namespace) -> None:
+    from speculaas.drafter.train import TrainConfig
+
+    if args.model not in DRAFTER_MODELS:
+        raise ValueError(f"model {args.model!r} does not give a draft head its features yet "
+                         f"(train-drafter runs on {' and '.join(DRAFTER_MODELS)})")
+    cfg = TrainConfig(images=args.images, batch=args.batch, steps=args.steps,
+                      chains=args.chains, lr=args.lr, unroll=args.unroll, width=args.width,
+                      blocks=args.blocks, depth=args.depth, seed=args.seed,
+                      prior_prompts=args.prior_prompts)
+    from .io import check_writable
+
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a folder")
+    check_writable(out / "head.json")
+    prompts = None
+    if args.prompts is not None:
+        from speculaas.bench.prompts import load_prompts
+
+        prompts = load_prompts(args.prompts, model_name=args.model)
+    import speculaas as sp
+    from speculaas.api import resolve_sampling
+    from speculaas.drafter.train import train_drafter
+
+    model = sp.load_model(args.model, args.weights, **_model_options(args))
+    sampling = resolve_sampling(model, args.temperature, args.top_k, None, args.cfg_scale)
+    folder = train_drafter(model, out, cfg, sampling, prompts)
+    print(f"draft head in {folder} (head.safetensors, head.json); use it with "
+          f"--drafter {folder}")
 
 
 def cmd_captions() -> None:
@@ -343,6 +383,42 @@ def main(argv: list[str] | None = None) -> None:
                         "this long before /health says ok (cached per machine; 0: skip, use "
                         "the reference cost curve)")
 
+    t = sub.add_parser("train-drafter", formatter_class=HELP,
+                       help="train a draft head for a model by self-distillation (no data set)",
+                       description="The model draws its own images, one teacher-forced pass "
+                                   "records its features, and a small head learns to guess its "
+                                   "next tokens from them. Resumes where an interrupted run "
+                                   "stopped (same --out and options).")
+    t.add_argument("--model", default="builtin", choices=MODEL_NAMES, metavar="MODEL",
+                   help=f"one of {', '.join(MODEL_NAMES)} (heads run on builtin and tiny)")
+    t.add_argument("--weights", default=None, help="local weights folder or hub name")
+    t.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    t.add_argument("--dtype", default=None, help="e.g. bfloat16 (None: the weights' own)")
+    t.add_argument("--model-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="adapter option (as generate's)")
+    t.add_argument("--out", required=True, help="folder for the head (and its data/, train.pt)")
+    t.add_argument("--prompts", default=None,
+                   help="prompt file (.txt/.tsv/.csv/COCO .json); default: the built-in "
+                        "model's caption grammar, the tiny model's classes")
+    t.add_argument("--images", type=int, default=1536, help="target samples to distil from")
+    t.add_argument("--batch", type=int, default=32, help="images per AR decode while collecting")
+    t.add_argument("--steps", type=int, default=2000, help="optimiser steps")
+    t.add_argument("--chains", type=int, default=192, help="chains per optimiser step")
+    t.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (cosine decay)")
+    t.add_argument("--unroll", type=int, default=8, help="chain steps trained per chain")
+    t.add_argument("--width", type=int, default=256, help="the head's width")
+    t.add_argument("--blocks", type=int, default=2, help="the head's residual MLP blocks")
+    t.add_argument("--depth", type=int, default=8,
+                   help="slots drafted per window by default (--draft-depth at use)")
+    t.add_argument("--seed", type=int, default=0, help="prompts, samples and minibatches")
+    t.add_argument("--prior-prompts", type=int, default=8,
+                   help="held-out prompts decoded per window to measure what window=auto "
+                        "expects of the head (0: none)")
+    t.add_argument("--temperature", type=float, default=None,
+                   help="sampling the head serves (None: the model's default)")
+    t.add_argument("--top-k", type=int, default=None, help="None: the model's default")
+    t.add_argument("--cfg-scale", type=float, default=None, help="None: the model's default")
+
     sub.add_parser("captions", help="the caption grammar of the built-in model, with examples")
     # The training script parses its own options (`speculaas train --help` lists them), so they
     # reach it as the arguments this parser does not know.
@@ -357,6 +433,8 @@ def main(argv: list[str] | None = None) -> None:
             cmd_generate(args)
         elif args.command == "captions":
             cmd_captions()
+        elif args.command == "train-drafter":
+            cmd_train_drafter(args)
         elif args.command == "bench":
             cmd_bench(args)
         elif args.command == "serve":

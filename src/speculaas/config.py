@@ -155,8 +155,12 @@ class JacobiConfig:
     row_context: int | None = None
     verify: str = "gumbel"
     tree: tuple[int, int, int | None] | None = None
+    draft_depth: int | None = None
 
     def __post_init__(self) -> None:
+        if self.draft_depth is not None and not (is_integer(self.draft_depth)
+                                                 and 1 <= self.draft_depth <= 64):
+            raise ValueError(f"draft_depth must be an integer in 1..64, got {self.draft_depth!r}")
         if self.tree is not None:
             object.__setattr__(self, "tree", parse_tree(self.tree))
             if self.row_context is not None:

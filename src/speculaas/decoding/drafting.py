@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from ..acceptance.functional import acceptance_ratio, residual_probs
-from ..sampling import gumbel_argmax, sample_with_uniform
+from ..sampling import gumbel_argmax, sample_with_uniform, target_probs
 
 
 @dataclass
@@ -259,3 +259,85 @@ FRESH_INITS: dict[str, type[FreshInit]] = {
 }
 COUPLINGS: dict[str, type[Coupling]] = {c.name: c for c in (Independent, Maximal, GumbelShared)}
 
+
+
+class HeadDrafter:
+    """A trained draft head (drafter/head.py) at the head of each window: from the target's
+    feature that decided an image's last committed position, a chain of `depth` steps drafts
+    positions start .. start + depth - 1, each step fed the token the step before drafted.
+
+    Each slot's law is the head's law mixed and warped as the target's is (guidance, top-k,
+    temperature, structural tokens): under Gumbel verification the draft is the argmax of that
+    law over the position's noise, under the ratio test a sample of it with the slot's fresh
+    uniform, and the declared law is that law. A step depends only on committed tokens and the
+    chain's earlier drafts, which are the committed tokens whenever its slot is reached, so
+    every rule keeps its law. Images with no feature yet (nothing committed) keep the loop's
+    own drafts. Memory: the last deciding feature per image (cond, and uncond with guidance).
+    """
+
+    feat_key, has_key = "head.feature", "head.has"
+
+    def __init__(self, head, io, sampling, structural: tuple[int, ...], depth: int | None,  # noqa: ANN001
+                 ) -> None:
+        self.head, self.io, self.sampling, self.structural = head, io, sampling, structural
+        self.depth = head.cfg.depth if depth is None else depth
+        self.stride = head.cfg.stride
+        self.rows = 2 if sampling.uses_cfg else 1
+        p = next(head.parameters())
+        self.dtype, self.device = p.dtype, p.device
+
+    def begin(self, memory: dict[str, torch.Tensor], generators: list[torch.Generator],
+              device: torch.device) -> None:
+        b = len(generators)
+        memory[self.feat_key] = torch.zeros(b, self.rows, self.io.dim, device=device,
+                                            dtype=self.dtype)
+        memory[self.has_key] = torch.zeros(b, dtype=torch.bool, device=device)
+
+    def draft(self, memory: dict[str, torch.Tensor], img: torch.Tensor, start: torch.Tensor,
+              committed: torch.Tensor, slots: int, noise: torch.Tensor | None,
+              uniforms: torch.Tensor, forced: torch.Tensor | None,
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> tokens [b, D], laws [b, D, V] for slots 0 .. D - 1 (D = min(depth, slots)) and
+        which images use them [b]. committed [B, >=T]: committed tokens by position; noise
+        [b, >=D, V] under Gumbel verification (else None: sample with uniforms [b, >=D]);
+        forced [b, >=D] (-1 where free) or None."""
+        depth = min(self.depth, slots)
+        b, r = len(img), self.rows
+        use = memory[self.has_key][img] & (start > 0)
+        feat = memory[self.feat_key][img].reshape(b * r, -1)
+        prev = committed[img, (start - 1).clamp(min=0)]
+        tokens, laws = [], []
+        for j in range(depth):
+            p = start + j
+            above_pos = p - self.stride
+            has_above = (above_pos >= 0) & (above_pos < start)  # committed above
+            above = committed[img, above_pos.clamp(min=0)]
+            emb = self.io.embed(torch.stack([prev, above], 1)).to(self.dtype)  # [b, 2, dim]
+            h = self.head(feat, emb[:, 0].repeat_interleave(r, 0),
+                          emb[:, 1].repeat_interleave(r, 0), has_above.repeat_interleave(r, 0),
+                          p.clamp(max=self.head.cfg.length).repeat_interleave(r, 0))
+            logits = self.io.logits(h.to(self.io.dtype)).view(b, r, -1)
+            law = target_probs(logits[:, 0], logits[:, 1] if r == 2 else None, self.sampling,
+                               self.structural, check=False)
+            law = torch.nan_to_num(law, nan=1.0 / law.shape[-1])  # a head never breaks a decode
+            tok = (gumbel_argmax(law, noise[:, j]) if noise is not None
+                   else sample_with_uniform(law, uniforms[:, j]))
+            if forced is not None:
+                tok = torch.where(forced[:, j] >= 0, forced[:, j], tok)
+            tokens.append(tok)
+            laws.append(law)
+            feat, prev = h, tok
+        return torch.stack(tokens, 1), torch.stack(laws, 1), use
+
+    def observe(self, memory: dict[str, torch.Tensor], img: torch.Tensor, keep: torch.Tensor,
+                features: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+        """After the commit: keep [b, L] the committed slots; features: the forward's
+        (cond, uncond) [b, L, dim]. The feature of each image's last committed slot decided
+        its last committed position: the next chain starts from it."""
+        got = keep.any(1)
+        last = (keep.long() * torch.arange(1, keep.shape[1] + 1, device=keep.device)).argmax(1)
+        parts = [f for f in features if f is not None][: self.rows]
+        feat = torch.stack([f[torch.arange(len(img), device=img.device), last] for f in parts], 1)
+        old = memory[self.feat_key][img]
+        memory[self.feat_key][img] = torch.where(got[:, None, None], feat.to(self.dtype), old)
+        memory[self.has_key][img] |= got

@@ -30,7 +30,7 @@ from ..models.base import ImageModel, Session
 from ..sampling import explain_nonfinite, gumbel_argmax, target_probs
 from .autoregressive import AutoregressiveLoop, autoregressive_decode
 from .costs import CurveSource, cost_curve
-from .drafting import COUPLINGS, FRESH_INITS, FreshSlots
+from .drafting import COUPLINGS, FRESH_INITS, FreshSlots, HeadDrafter
 from .frontier import Frontier, Raster
 from .frontier_rows import Rows
 from .result import DecodeResult
@@ -44,7 +44,7 @@ class Loop:
     def __init__(self, model: ImageModel, session: Session, rule: AcceptanceRule,
                  sampling: SamplingConfig, jacobi: JacobiConfig, frontier: Frontier,
                  generators: list[torch.Generator], progress=None, profile: bool = False,  # noqa: ANN001
-                 ) -> None:
+                 drafter=None) -> None:  # noqa: ANN001
         self.model, self.session, self.rule, self.sampling = model, session, rule, sampling
         self.frontier, self.progress, self.profile = frontier, progress, profile
         vocab, dev, length = model.vocab_size, model.device, model.layout.length
@@ -52,6 +52,11 @@ class Loop:
         self.coupling = COUPLINGS[jacobi.coupling](vocab)
         self.gumbel = gumbel_verification(jacobi, rule)
         self.needs_noise = self.gumbel or self.coupling.needs_noise
+        self.head = None
+        if drafter is not None:  # a trained head drafts the head of every window
+            self.head = HeadDrafter(drafter, model.draft_io(), sampling,
+                                    model.layout.structural, jacobi.draft_depth)
+        session.record_features = self.head is not None
         self.state = self.new_state(generators)
         self.finite = torch.ones((), dtype=torch.bool, device=dev)
         self.logits: tuple | None = None
@@ -68,17 +73,21 @@ class Loop:
         state.noise_table = noise_table
         if self.needs_noise and noise_table is None:
             state.tabulate_noise()
-        self.init.begin(state.memory, generators, m.device)
-        self.coupling.begin(state.memory, generators, m.device)
+        for part in self._parts():
+            part.begin(state.memory, generators, m.device)
         return state
+
+    def _parts(self) -> list:
+        """The drafting parts that keep per-image memory."""
+        return [self.init, self.coupling] + ([self.head] if self.head is not None else [])
 
     def restart(self, rows: list[int], generators: list[torch.Generator]) -> None:
         """Continuous batching: rows `rows` start new images with these random streams
         (DecodeState.restart), with the drafters' memory of a fresh image."""
         self.state.restart(rows, generators)
         fresh: dict[str, torch.Tensor] = {}
-        self.init.begin(fresh, generators, self.model.device)
-        self.coupling.begin(fresh, generators, self.model.device)
+        for part in self._parts():
+            part.begin(fresh, generators, self.model.device)
         idx = torch.tensor(rows, device=self.model.device)
         for key, value in fresh.items():
             self.state.memory[key][idx] = value
@@ -117,6 +126,13 @@ class Loop:
         d = torch.where(fresh, fd, d)
         dp = torch.where(fresh[..., None], fdp, dp)
         forced = None if plan.forced is None else plan.forced[:, :K]
+        if self.head is not None and K > 0:
+            hd, hdp, use = self.head.draft(s.memory, plan.img, plan.start, s.tokens, K,
+                                           noise[:, :K] if self.gumbel else None,
+                                           u.fresh[:, :K], forced)
+            D = hd.shape[1]
+            d[:, :D] = torch.where(use[:, None], hd, d[:, :D])
+            dp[:, :D] = torch.where(use[:, None, None], hdp, dp[:, :D])
         if forced is not None:
             d = torch.where(forced >= 0, forced, d)
             dp = torch.where((forced >= 0)[..., None], _onehot(forced, dp), dp)
@@ -132,6 +148,8 @@ class Loop:
         v = verify(self.rule, self.coupling, w, u, s.memory, self.profile, self.gumbel)
         c, q = f.extend(w, v, settle(w, v, plan.takes_extra, f.limit(plan, v)), u)
         self.init.committed(s.memory, plan.img, plan.pos, c.keep, q)
+        if self.head is not None:
+            self.head.observe(s.memory, plan.img, c.keep, self.session.features)
         s.commit(plan.img, plan.pos, c.keep, c.tokens, c.drafted, q)
         s.keep_drafts(plan.img, plan.pos, c.tail, c.tokens, c.laws)
         f.observe(s, plan, v, c)
@@ -158,19 +176,30 @@ def _onehot(tokens: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 @torch.inference_mode()
 def decode(model: ImageModel, session: Session, rule: AcceptanceRule, sampling: SamplingConfig,
            jacobi: JacobiConfig, generators: list[torch.Generator], progress=None,  # noqa: ANN001
-           profile: bool = False, policy: WindowPolicy | None = None) -> DecodeResult:
+           profile: bool = False, policy: WindowPolicy | None = None,
+           drafter=None) -> DecodeResult:  # noqa: ANN001
     """Speculative Jacobi decoding of a batch; jacobi.row_context picks the frontier (raster
     order under a window policy, or several rows at once). A policy that would never speculate
-    decodes plain AR. Nothing is timed up front: window="auto" starts from a stored or
+    decodes plain AR. drafter: a trained draft head (drafter/head.py) drafting the head of
+    every raster window; its measured prior, if it has one, is the auto window's. Nothing is timed up front: window="auto" starts from a stored or
     reference cost curve and, where the rule verifies sample-exactly, refines it from the
     decode's own iterations and stores it when the decode ends (costs.py)."""
     gumbel = gumbel_verification(jacobi, rule)
-    costs = CurveSource(model, session.batch_size, sampling.uses_cfg,
-                        curve_tag(session, sampling, rule, jacobi), learn=gumbel)
+    if drafter is not None and (jacobi.row_context is not None or jacobi.tree is not None):
+        raise ValueError("a trained drafter drafts raster chains: it cannot be combined with "
+                         "row_context or tree yet")
+    tag = curve_tag(session, sampling, rule, jacobi)
+    if drafter is not None:
+        tag += f"/head={drafter.head_id}:{jacobi.draft_depth or drafter.cfg.depth}"
+    costs = CurveSource(model, session.batch_size, sampling.uses_cfg, tag, learn=gumbel)
     if jacobi.row_context is not None:
         frontier: Frontier = Rows(model, int(jacobi.window), int(jacobi.row_context))
     else:
         policy = make_policy(jacobi.window) if policy is None else policy
+        prior = (drafter.target.get("prior", {}).get("lossless" if rule.exact else "relaxed")
+                 if drafter is not None else None)
+        if prior and isinstance(policy, AutoWindow) and policy.prior is None:
+            policy.prior = {int(w): float(e) for w, e in prior.items()}
         if jacobi.tree is not None and isinstance(policy, AutoWindow):
             width = tree_width(policy, jacobi.tree, session.batch_size, rule.exact, costs)
             policy = policy if width is None else WindowPolicy(width)
@@ -178,7 +207,8 @@ def decode(model: ImageModel, session: Session, rule: AcceptanceRule, sampling: 
             frontier = Tree(model, policy, jacobi.tree, rule, sampling, gumbel)
         else:
             frontier = Raster(model, policy, batch_min=jacobi.advance == "batch_min")
-    loop = Loop(model, session, rule, sampling, jacobi, frontier, generators, progress, profile)
+    loop = Loop(model, session, rule, sampling, jacobi, frontier, generators, progress, profile,
+                drafter)
 
     frontier.begin(model, session, loop.state, sampling.uses_cfg, rule.exact, costs)
     if isinstance(frontier, Raster) and frontier.policy.plain_ar():

@@ -85,9 +85,15 @@ def to_images(pixels: torch.Tensor) -> list[Image.Image]:
 
 
 class Session(ABC):
-    """The cache of one batch of prompts (conditional rows, plus unconditional rows for CFG)."""
+    """The cache of one batch of prompts (conditional rows, plus unconditional rows for CFG).
+
+    Sessions of models with a `draft_io` record, when `record_features` is set, the output
+    head's input of every slot of each forward in `features`: (cond [b, L, d], uncond or None),
+    what a trained draft head reads (decoding/drafting.py)."""
 
     batch_size: int
+    record_features: bool = False
+    features: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
     def context_length(self) -> int:
         """Tokens before the first image token (the longest prompt of the batch): part of what
@@ -135,6 +141,33 @@ class Session(ABC):
         raise NotImplementedError(f"{type(self).__name__} has no packed forward")
 
 
+@dataclass(frozen=True)
+class DraftIO:
+    """What a trained draft head needs of its target: the feature width `dim` (the output
+    head's input), `embed(tokens [...]) -> [..., dim]` (the input embedding of generated
+    tokens, as the model feeds them), `logits(features [..., dim]) -> [..., vocab]` (the output
+    head, as the model's own logits come from it) and `fingerprint`: a digest of the target's
+    weights that names it (a head trained on another target is refused)."""
+
+    dim: int
+    embed: object
+    logits: object
+    fingerprint: str
+    dtype: torch.dtype = torch.float32  # what `logits` takes
+
+
+def weights_fingerprint(name: str, module: torch.nn.Module) -> str:
+    """sha256 (first 16 hex digits) of a module's parameters, names and shapes with the model's
+    name: what ties a draft head to one set of weights."""
+    import hashlib
+
+    h = hashlib.sha256(name.encode())
+    for key, value in module.state_dict().items():
+        h.update(f"{key}{tuple(value.shape)}{value.dtype}".encode())
+        h.update(value.detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 class ImageModel(ABC):
     name: str
     vocab_size: int  # size of the distributions the rules see
@@ -172,6 +205,11 @@ class ImageModel(ABC):
 
     def codebook(self) -> torch.Tensor | None:
         """[vocab, dim] VQ codes as decoding uses them (LANTERN's neighbours), if any."""
+        return None
+
+    def draft_io(self) -> DraftIO | None:
+        """The target's side of a trained draft head (DraftIO), or None where the adapter's
+        sessions do not record features."""
         return None
 
 
@@ -230,11 +268,19 @@ class PrefixDecoderSession(Session):
         pos = pos.clamp(max=last)
         span = (None if max_offset is None
                 else min(self.prompt_len - 2 + max_offset + ids.shape[1], last) + 1)
-        logits = self.decoder.forward_cached(ids, pos, self.cache, rows, span)
+        logits = self.decoder.forward_cached(ids, pos, self.cache, rows, span,
+                                             features=self.record_features)
+        return self._split(logits)
+
+    def _split(self, out):  # noqa: ANN001, ANN202
+        """(cond, uncond or None) logits; the features kept where recorded."""
+        if self.record_features:
+            out, feats = out
+            self.features = tuple(feats.chunk(2)) if self.cfg else (feats, None)
         if self.cfg:
-            cond, uncond = logits.chunk(2)
+            cond, uncond = out.chunk(2)
             return cond, uncond
-        return logits, None
+        return out, None
 
     @torch.inference_mode()
     def forward_packed(self, inputs, pos, images, visible, window_mask, store, scratch=0):  # noqa: ANN001, ANN201, E501
@@ -251,16 +297,22 @@ class PrefixDecoderSession(Session):
                                ids)
             ids = torch.cat([ids, null])
             mask, cache_pos, write = (torch.cat([t, t]) for t in (mask, cache_pos, write))
-        logits = self.decoder.forward_packed(ids, cache_pos, self.cache, rows, mask, write)
-        if self.cfg:
-            cond, uncond = logits.chunk(2)
-            return cond, uncond
-        return logits, None
+        logits = self.decoder.forward_packed(ids, cache_pos, self.cache, rows, mask, write,
+                                             features=self.record_features)
+        return self._split(logits)
 
     @torch.inference_mode()
     def keep_scratch(self, images, scratch, pos):  # noqa: ANN001, ANN201
         copy_scratch((self.cache.k, self.cache.v), self.batch_size if self.cfg else 0, images,
                      scratch, pos, self.scratch_at, self.prompt_len)
+
+
+def decoder_draft_io(decoder, token_offset: int, fingerprint: str) -> DraftIO:  # noqa: ANN001
+    """DraftIO of a model over our own `Decoder` (PrefixDecoderSession's layout of ids)."""
+    return DraftIO(dim=decoder.cfg.d_model,
+                   embed=lambda tokens: decoder.embed(tokens + token_offset),
+                   logits=decoder.head, fingerprint=fingerprint,
+                   dtype=decoder.head.weight.dtype)
 
 
 # Scratch columns a cache keeps after its two spare ones: the most unstored slots (branches of a

@@ -11,7 +11,15 @@ from PIL import Image
 
 from ..config import SamplingConfig
 from ..sampling import target_probs
-from .base import ImageModel, Layout, PrefixDecoderSession, Session
+from .base import (
+    DraftIO,
+    ImageModel,
+    Layout,
+    PrefixDecoderSession,
+    Session,
+    decoder_draft_io,
+    weights_fingerprint,
+)
 from .transformer import Decoder, DecoderConfig
 
 
@@ -130,6 +138,11 @@ class TinyModel(ImageModel):
     def token_embeddings(self) -> torch.Tensor:
         return self.decoder.embed.weight[self._special :].detach()
 
+    def draft_io(self) -> DraftIO:
+        if getattr(self, "_fingerprint", None) is None:
+            self._fingerprint = weights_fingerprint(self.name, self.decoder)
+        return decoder_draft_io(self.decoder, self._special, self._fingerprint)
+
     def codebook(self) -> torch.Tensor:
         # Random weights have no VQ codebook; the output-head rows stand in for one.
         return self.decoder.head.weight.detach()
@@ -194,6 +207,15 @@ class ToyModel(ImageModel):
     def decode(self, tokens: torch.Tensor) -> list[Image.Image]:
         return _paint(tokens, self.grid, self.vocab_size)
 
+    def draft_io(self) -> DraftIO:
+        """Features are the table's logits themselves, tokens embed one-hot: a draft head on
+        the toy is a small network from logits to logits, which keeps exact distributions."""
+        eye = torch.eye(self.vocab_size, device=self.device)
+        digest = weights_fingerprint(self.name, torch.nn.ParameterList(
+            [torch.nn.Parameter(self.table, requires_grad=False)]))
+        return DraftIO(dim=self.vocab_size, embed=lambda tokens: eye[tokens],
+                       logits=torch.nn.Identity(), fingerprint=digest)
+
     def exact_distribution(self, sampling: SamplingConfig | None = None) -> dict[tuple, float]:
         """Probability of every complete sequence under AR sampling with `sampling`."""
         sampling = sampling or self.defaults
@@ -224,7 +246,10 @@ class _ToySession(Session):
         rows = self.model.prefix_index(
             self.seqs[images], (pos + 1).clamp(max=self.model.length - 1)
         )
-        return self.model.table[rows], self.model.uncond_table[rows] if self.cfg else None
+        out = self.model.table[rows], self.model.uncond_table[rows] if self.cfg else None
+        if self.record_features:  # the logits are the features (ToyModel.draft_io)
+            self.features = out
+        return out
 
     def forward_packed(self, inputs, pos, images, visible, window_mask, store, scratch=0):  # noqa: ANN001, ANN201, E501
         """Session.forward_packed for a table model: slot s's context is the cached sequence

@@ -150,19 +150,26 @@ class Decoder(nn.Module):
             x = blk(x, pos, rope)
         return self.head(self.norm(x))
 
+    def _out(self, x: torch.Tensor, features: bool):  # noqa: ANN202
+        """Final norm and output head: logits, or (logits, the normed states) with `features`
+        (the output head's input: what a draft head reads)."""
+        h = self.norm(x)
+        return (self.head(h), h) if features else self.head(h)
+
     def new_cache(self, rows: int, spare: int = 0) -> KVCache:
         p = next(self.parameters())
         return KVCache(self.cfg, rows, p.device, p.dtype, spare)
 
     def forward_cached(
         self, ids: torch.Tensor, pos: torch.Tensor, cache: KVCache, rows: torch.Tensor,
-        span: int | None = None,
+        span: int | None = None, features: bool = False,
     ) -> torch.Tensor:
         """ids [R, L] placed at positions pos [R, L] of cache rows `rows` [R].
 
         Keys beyond a query's own position are masked, so whatever stale window a row left in
         its cache past its committed length is never seen. span: pos.max() + 1 if the caller
-        knows it (else read from the device). Returns logits [R, L, vocab_out].
+        knows it (else read from the device). Returns logits [R, L, vocab_out] (features: and
+        the output head's input [R, L, d_model]).
         """
         span = int(pos.max()) + 1 if span is None else span
         if span > self.cfg.max_len:
@@ -179,10 +186,11 @@ class Decoder(nn.Module):
         all_rows = len(rows) == cache.k.shape[1]  # rows come sorted: every row, in order
         for i, blk in enumerate(self.blocks):
             x = blk(x, pos, rope, (cache.k[i], cache.v[i]), rows, mask, all_rows)
-        return self.head(self.norm(x))
+        return self._out(x, features)
 
     def forward_packed(self, ids: torch.Tensor, pos: torch.Tensor, cache: KVCache,
-                       rows: torch.Tensor, mask: torch.Tensor, write: torch.Tensor) -> torch.Tensor:
+                       rows: torch.Tensor, mask: torch.Tensor, write: torch.Tensor,
+                       features: bool = False) -> torch.Tensor:
         """A packed window (see Session.forward_packed): ids at positions pos [R, L], keys and
         values stored at cache columns `write` [R, L], then every query attends to the first S
         columns as mask [R, L, S] allows. Returns logits [R, L, vocab_out]."""
@@ -192,4 +200,4 @@ class Decoder(nn.Module):
         x, rope = self.embed(ids), self._rope_at(pos)
         for i, blk in enumerate(self.blocks):
             x = blk(x, pos, rope, (cache.k[i], cache.v[i]), rows, mask[:, None], write=write)
-        return self.head(self.norm(x))
+        return self._out(x, features)

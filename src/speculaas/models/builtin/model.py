@@ -11,7 +11,15 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from ...config import SamplingConfig
-from ..base import ImageModel, Layout, PrefixDecoderSession, Session, resolve_dtype
+from ..base import (
+    DraftIO,
+    ImageModel,
+    Layout,
+    PrefixDecoderSession,
+    Session,
+    decoder_draft_io,
+    resolve_dtype,
+)
 from ..transformer import Decoder, DecoderConfig
 from . import vq as vqlib
 from .judge import Judge, heads_in
@@ -115,6 +123,9 @@ class BuiltinModel(ImageModel):
 
     def token_embeddings(self) -> torch.Tensor:
         return self.decoder.embed.weight[len(WORDS):].detach()
+
+    def draft_io(self) -> DraftIO:
+        return decoder_draft_io(self.decoder, len(WORDS), f"builtin-{self.weights_id}")
 
     def codebook(self) -> torch.Tensor:
         return vqlib.codebook(self.vq).detach()

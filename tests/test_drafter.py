@@ -1,0 +1,200 @@
+"""Trained draft heads: every rule keeps its law with a head drafting (sjd draws ar's tokens;
+the ratio test's one-sequence law is the exact one, and a head that declares another law than
+the one it drew from fails), heads are tied to their target, training resumes to the same
+weights."""
+
+import json
+
+import pytest
+import torch
+
+import speculaas as sp
+from speculaas.api import generators_for
+from speculaas.config import JacobiConfig, SamplingConfig
+from speculaas.decoding import decode
+from speculaas.decoding.drafting import HeadDrafter
+from speculaas.drafter.head import DraftHead, HeadConfig, load_head, save_head
+from speculaas.drafter.train import TrainConfig, train_drafter
+from test_statistical import ALPHA, chi_square_p, sample_sequences
+
+TINY = dict(vocab_size=16, grid=(4, 4), num_classes=4, d_model=32, n_layers=2, n_heads=2)
+FAST = TrainConfig(images=48, batch=16, steps=30, chains=32, unroll=3, width=32, blocks=1,
+                   depth=3, prior_prompts=2, checkpoint_every=10)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return sp.load_model("tiny", **TINY)
+
+
+@pytest.fixture(scope="module")
+def tiny_head(tiny, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("head")
+    sampling = SamplingConfig(cfg_scale=2.0, top_k=12)
+    train_drafter(tiny, folder, FAST, sampling, progress=False, log=lambda *a: None)
+    return folder
+
+
+def random_head(model, depth=4, scale=1.0, seed=0):
+    """An untrained head tied to `model` (a poor drafter: what exactness must survive)."""
+    io = model.draft_io()
+    torch.manual_seed(seed)
+    head = DraftHead(HeadConfig(dim=io.dim, width=16, blocks=1, length=model.layout.length,
+                                stride=model.layout.length // model.layout.grid[0],
+                                vocab=model.vocab_size, depth=depth))
+    with torch.no_grad():
+        head.out[1].weight.mul_(scale)
+    head.target = {"model": model.name, "fingerprint": io.fingerprint,
+                   "weights_sha256": "0" * 64}
+    return head.to(model.device).eval()
+
+
+def test_training_writes_a_head_tied_to_its_target(tiny, tiny_head):
+    record = json.loads((tiny_head / "head.json").read_text())
+    assert record["model"] == "tiny" and record["fingerprint"] == tiny.draft_io().fingerprint
+    assert set(record["prior"]) == {"lossless", "relaxed"}
+    assert len(record["training"]["heldout"]["agreement"]) == FAST.unroll
+    head = load_head(tiny_head, tiny)
+    assert head.cfg.depth == FAST.depth and head.target["sampling"]["cfg_scale"] == 2.0
+
+
+@pytest.mark.parametrize("window", [4, 16, "auto"])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_sjd_with_a_head_draws_ar_tokens(tiny, tiny_head, window, batch):
+    prompts = [i % 4 for i in range(batch)]
+    seeds = list(range(10, 10 + batch))
+    opts = dict(cfg_scale=2.0, top_k=12, decode_images=False)
+    ar = sp.generate(tiny, prompts, method="ar", seed=seeds, **opts)
+    for head in (tiny_head, random_head(tiny, depth=6)):
+        out = sp.generate(tiny, prompts, method="sjd", seed=seeds, window=window,
+                          drafter=head, **opts)
+        assert torch.equal(out.tokens, ar.tokens)
+
+
+def test_sjd_with_a_head_on_the_builtin_model_and_row_ends():
+    builtin = sp.load_model("builtin")
+    prompts = ["a big red circle on the left over grass", "a small blue square on the right"]
+    ar = sp.generate(builtin, prompts, method="ar", seed=[3, 4], decode_images=False)
+    out = sp.generate(builtin, prompts, method="sjd", seed=[3, 4], window=8,
+                      drafter=random_head(builtin), decode_images=False)
+    assert torch.equal(out.tokens, ar.tokens)
+    rows = sp.load_model("tiny", row_end=True, **TINY)  # forced tokens inside the chain
+    ar = sp.generate(rows, [1, 2], method="ar", seed=[5, 6], decode_images=False)
+    out = sp.generate(rows, [1, 2], method="sjd", seed=[5, 6], window=12,
+                      drafter=random_head(rows, depth=8), decode_images=False)
+    assert torch.equal(out.sequence, ar.sequence)
+
+
+def test_a_trained_head_commits_more_than_an_untrained_one(tiny, tiny_head):
+    opts = dict(cfg_scale=2.0, top_k=12, decode_images=False, window=8)
+    prompts, seeds = [0, 1, 2, 3] * 2, list(range(8))
+    trained = sp.generate(tiny, prompts, method="sjd", seed=seeds, drafter=tiny_head, **opts)
+    untrained = sp.generate(tiny, prompts, method="sjd", seed=seeds,
+                            drafter=random_head(tiny, depth=3), **opts)
+    assert trained.forward_passes.sum() < untrained.forward_passes.sum()
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return sp.load_model("toy", vocab_size=3, length=4, rows=2, seed=0)
+
+
+@pytest.mark.parametrize("window,cfg", [(4, None), (3, 2.0)])
+def test_ratio_test_with_a_head_keeps_the_exact_law(toy, window, cfg):
+    sampling = SamplingConfig(cfg_scale=cfg)
+    jacobi = JacobiConfig(window=window, verify="ratio", draft_depth=3)
+    head = random_head(toy, depth=3)
+    counts = sample_sequences_with(toy, jacobi, sampling, head)
+    assert chi_square_p(counts, toy.exact_distribution(sampling)) > ALPHA
+
+
+@pytest.fixture
+def misdeclared(monkeypatch):
+    """Broken on purpose: the head draws from its law but declares that law shifted by one
+    token."""
+    draft = HeadDrafter.draft
+
+    def wrong(self, *args, **kwargs):
+        tokens, laws, use = draft(self, *args, **kwargs)
+        return tokens, laws.roll(1, dims=-1), use
+
+    monkeypatch.setattr(HeadDrafter, "draft", wrong)
+
+
+def test_a_head_declaring_another_law_fails(toy, misdeclared):
+    sampling = SamplingConfig()
+    jacobi = JacobiConfig(window=4, verify="ratio", draft_depth=3)
+    counts = sample_sequences_with(toy, jacobi, sampling, random_head(toy, depth=3))
+    assert chi_square_p(counts, toy.exact_distribution(sampling)) < ALPHA
+
+
+def sample_sequences_with(model, jacobi, sampling, head, n=24_000, chunk=6000):
+    from collections import Counter
+
+    counts = Counter()
+    rule = sp.acceptance.get("sjd")
+    for start in range(0, n, chunk):
+        session = model.start([None] * chunk, cfg=sampling.uses_cfg)
+        res = decode(model, session, rule, sampling, jacobi,
+                     generators_for(model, start, chunk), drafter=head)
+        counts.update(map(tuple, res.tokens.tolist()))
+    return counts
+
+
+def test_a_head_for_other_weights_is_refused(tiny, tiny_head, tmp_path):
+    other = sp.load_model("tiny", **{**TINY, "seed": 1})
+    with pytest.raises(ValueError, match="trained for tiny weights"):
+        sp.generate(other, [0], method="sjd", drafter=tiny_head, decode_images=False)
+    with pytest.raises(ValueError, match="trained for tiny weights"):
+        sp.generate(other, [0], method="sjd", drafter=load_head(tiny_head, tiny),
+                    decode_images=False)
+    with pytest.raises(ValueError, match="'shipped' is the built-in model's"):
+        sp.generate(tiny, [0], method="sjd", drafter="shipped", decode_images=False)
+    with pytest.raises(ValueError, match="draft head file not found"):
+        sp.generate(tiny, [0], method="sjd", drafter=tmp_path, decode_images=False)
+    broken = tmp_path / "broken"
+    save_head(load_head(tiny_head, tiny), broken, json.loads((tiny_head / "head.json")
+                                                             .read_text()))
+    data = bytearray((broken / "head.safetensors").read_bytes())
+    data[-3] ^= 0xFF
+    (broken / "head.safetensors").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="is damaged"):
+        load_head(broken, tiny)
+    with pytest.raises(ValueError, match="cannot be combined with row_context or tree"):
+        sp.generate(tiny, [0], method="sjd", drafter=tiny_head, tree=(2, 2),
+                    decode_images=False)
+    with pytest.raises(ValueError, match="draft_depth must be"):
+        sp.generate(tiny, [0], method="sjd", drafter=tiny_head, draft_depth=0)
+
+
+def test_training_resumes_to_the_same_weights(tiny, tmp_path):
+    sampling = SamplingConfig(cfg_scale=2.0)
+    cfg = TrainConfig(**{**vars(FAST), "prior_prompts": 0})
+    whole = train_drafter(tiny, tmp_path / "whole", cfg, sampling, progress=False,
+                          log=lambda *a: None)
+    # Interrupted after 10 steps (its checkpoint), then run again to the end.
+    part = tmp_path / "part"
+    short = TrainConfig(**{**vars(cfg), "steps": cfg.steps})
+    from speculaas.drafter import train as train_mod
+
+    calls = {"n": 0}
+    real_step = torch.optim.AdamW.step
+
+    def interrupt(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] > 10:
+            raise KeyboardInterrupt
+        return real_step(self, *a, **k)
+
+    torch.optim.AdamW.step = interrupt
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train_mod.train_drafter(tiny, part, short, sampling, progress=False,
+                                    log=lambda *a: None)
+    finally:
+        torch.optim.AdamW.step = real_step
+    assert (part / "train.pt").is_file() and not (part / "head.json").exists()
+    train_drafter(tiny, part, short, sampling, progress=False, log=lambda *a: None)
+    a = load_head(whole, tiny).state_dict()
+    b = load_head(part, tiny).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
