@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from test_statistical import ALPHA, chi_square_p
 
 import speculaas as sp
 from speculaas.api import generators_for
@@ -15,7 +16,6 @@ from speculaas.decoding import decode
 from speculaas.decoding.drafting import HeadDrafter
 from speculaas.drafter.head import DraftHead, HeadConfig, load_head, save_head
 from speculaas.drafter.train import TrainConfig, train_drafter
-from test_statistical import ALPHA, chi_square_p, sample_sequences
 
 TINY = dict(vocab_size=16, grid=(4, 4), num_classes=4, d_model=32, n_layers=2, n_heads=2)
 FAST = TrainConfig(images=48, batch=16, steps=30, chains=32, unroll=3, width=32, blocks=1,
@@ -198,3 +198,26 @@ def test_training_resumes_to_the_same_weights(tiny, tmp_path):
     a = load_head(whole, tiny).state_dict()
     b = load_head(part, tiny).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("method,window,options", [("sjd", "auto", {}),
+                                                    ("csd", 4, {"delta": 0.8})])
+def test_served_requests_with_a_head_draw_what_solo_calls_draw(tiny, tiny_head, method, window,
+                                                               options):
+    from speculaas.serve.engine import Engine, Request
+
+    head = load_head(tiny_head, tiny)
+    engine = Engine(tiny, max_batch=3, drafter=head)
+    reqs = [Request(prompt=p, seed=s, method=method, window=window, options=options,
+                    cfg_scale=2.0, top_k=12) for p, s in [(0, 5), (1, 6), (2, 7), (3, 8)]]
+    futures = [engine.submit(r) for r in reqs[:2]]
+    engine.run_once()
+    futures += [engine.submit(r) for r in reqs[2:]]  # joining a running batch
+    while engine.run_once():
+        pass
+    for r, f in zip(reqs, futures, strict=True):
+        solo = sp.generate(tiny, [r.prompt], method=method, seed=r.seed, window=window,
+                           drafter=head, cfg_scale=2.0, top_k=12, decode_images=False, **options)
+        assert torch.equal(f.result().tokens, solo.tokens[0]), r
+        if window != "auto":
+            assert f.result().forward_passes == int(solo.forward_passes[0])

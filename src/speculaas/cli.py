@@ -361,6 +361,8 @@ def main(argv: list[str] | None = None) -> None:
     d.add_argument("--weights", default=None, help="local weights folder or hub name")
     d.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
     d.add_argument("--port", type=int, default=7860, help="port to serve on")
+    d.add_argument("--drafter", default=None, metavar="DIR",
+                   help="a draft head (folder, or 'shipped') drafting every speculative decode")
 
     v = sub.add_parser("serve", help="serve an OpenAI-style images API with continuous "
                                      "batching and speculation", formatter_class=HELP)
@@ -382,6 +384,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="at start-up, time the decoding loop for window='auto' for at most "
                         "this long before /health says ok (cached per machine; 0: skip, use "
                         "the reference cost curve)")
+    v.add_argument("--drafter", default=None, metavar="DIR",
+                   help="a draft head for the model (a folder from train-drafter, or 'shipped' "
+                        "for the built-in model's) drafting every speculative request")
 
     t = sub.add_parser("train-drafter", formatter_class=HELP,
                        help="train a draft head for a model by self-distillation (no data set)",
@@ -440,10 +445,10 @@ def main(argv: list[str] | None = None) -> None:
         elif args.command == "serve":
             from speculaas.serve.app import serve
             serve(args.model, args.host, args.port, args.weights, args.max_batch, args.queue,
-                  args.time_limit, args.warm_up, args.api_key)
+                  args.time_limit, args.warm_up, args.api_key, args.drafter)
         elif args.command == "demo":
             from speculaas.demo.app import serve
-            serve(args.model, args.host, args.port, args.weights)
+            serve(args.model, args.host, args.port, args.weights, args.drafter)
         elif args.command == "train":
             from speculaas.models.builtin.train import main as train_main
             train_main(rest)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import resource
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +24,7 @@ RESULTS_GLOB = "results.rank*.jsonl"
 # Options a variant may set besides its rule's own: what generate() takes per decode. Others
 # (seed, method, model, prompts, decode_images, profile, progress, max_batch) belong to the run.
 DECODE_OPTIONS = ("window", "draft_init", "coupling", "advance", "row_context", "verify",
-                  "tree", "temperature", "top_k", "top_p", "cfg_scale")
+                  "tree", "drafter", "draft_depth", "temperature", "top_k", "top_p", "cfg_scale")
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,8 @@ def item_settings(cfg: BenchConfig, model, v: Variant, prompt) -> dict:  # noqa:
     opts = _decode_options(cfg, v)
     sampling = resolve_sampling(model, opts.get("temperature"), opts.get("top_k"),
                                 opts.get("top_p"), opts.get("cfg_scale"))
+    if "drafter" in opts:  # the head's weights, not only its folder
+        opts["drafter"] = f"{opts['drafter']}@{_head(opts['drafter'], model).head_id}"
     return {"model": cfg.model, "weights": cfg.weights,
             "weights_id": getattr(model, "weights_id", None), "method": v.method,
             "options": {k: v for k, v in sorted(opts.items())}, "sampling": vars(sampling),
@@ -197,7 +200,7 @@ def _decode_options(cfg: BenchConfig, v: Variant) -> dict:
     return {"window": cfg.window, **v.options}
 
 
-def _generate_options(cfg: BenchConfig, v: Variant) -> dict:
+def _generate_options(cfg: BenchConfig, v: Variant, model) -> dict:  # noqa: ANN001
     """What generate() gets for a variant: its options, with window="auto" choosing from the
     run's cost curve where one is given (--cost-curve), else from the curve the run starts
     with, never learning during the run (shards and resumed halves choose alike)."""
@@ -205,7 +208,22 @@ def _generate_options(cfg: BenchConfig, v: Variant) -> dict:
     if _auto_policy(v, opts):
         from ..decoding.window import AutoWindow
         opts["window"] = AutoWindow(cost=cfg.cost_curve, learn=False)
+    if "drafter" in opts:  # loaded once per run: a load is not part of any image's latency
+        opts["drafter"] = _head(opts["drafter"], model)
     return opts
+
+
+_HEADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {folder: head}
+
+
+def _head(path, model):  # noqa: ANN001, ANN202
+    """The draft head in `path` for `model`, loaded once per model."""
+    from ..drafter.head import load_head
+
+    heads = _HEADS.setdefault(model, {})
+    if str(path) not in heads:
+        heads[str(path)] = load_head(str(path), model)
+    return heads[str(path)]
 
 
 def _auto_policy(v: Variant, opts: dict) -> bool:
@@ -230,6 +248,8 @@ def _check_variant(model, cfg: BenchConfig, v: Variant) -> None:  # noqa: ANN001
         resolve_sampling(model, **sampling)
         build_rule(model, v.method, **opts)
         if v.method != "ar":
+            if "drafter" in decoding:
+                _head(decoding.pop("drafter"), model)
             jacobi = JacobiConfig(**decoding)
             if jacobi.tree is not None:
                 from ..decoding.tree import check_tree
@@ -324,7 +344,7 @@ def _run(cfg: BenchConfig, state) -> dict | None:  # noqa: ANN001
                         disable=not state.is_local_main_process)
             for v in warm:  # one unrecorded image per variant: caches, allocator, JIT
                 generate(model, [prompts[0]], method=v.method, seed=0, decode_images=False,
-                         **_generate_options(cfg, v))
+                         **_generate_options(cfg, v, model))
             per_image = (time.perf_counter() - t0) / len(cfg.variants)
             say(f"{len(todo)} images to run on this process, about "
                 f"{len(todo) * per_image / 60:.1f} min at {per_image:.2f} s per image", flush=True)
@@ -334,7 +354,8 @@ def _run(cfg: BenchConfig, state) -> dict | None:  # noqa: ANN001
             for v, i, s in bar:
                 seed = 1000 * i + s  # per (prompt, seed) item: independent of sharding
                 out = generate(model, [prompts[i]], method=v.method, seed=seed,
-                               decode_images=False, profile=True, **_generate_options(cfg, v))
+                               decode_images=False, profile=True,
+                               **_generate_options(cfg, v, model))
                 row = {
                     "variant": v.label, "method": v.method, "options": v.options,
                     "settings": settings[(v.label, i)], "mean_window": float(out.mean_window[0]),

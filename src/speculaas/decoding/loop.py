@@ -180,10 +180,11 @@ def decode(model: ImageModel, session: Session, rule: AcceptanceRule, sampling: 
            drafter=None) -> DecodeResult:  # noqa: ANN001
     """Speculative Jacobi decoding of a batch; jacobi.row_context picks the frontier (raster
     order under a window policy, or several rows at once). A policy that would never speculate
-    decodes plain AR. drafter: a trained draft head (drafter/head.py) drafting the head of
-    every raster window; its measured prior, if it has one, is the auto window's. Nothing is timed up front: window="auto" starts from a stored or
+    decodes plain AR. Nothing is timed up front: window="auto" starts from a stored or
     reference cost curve and, where the rule verifies sample-exactly, refines it from the
-    decode's own iterations and stores it when the decode ends (costs.py)."""
+    decode's own iterations and stores it when the decode ends (costs.py). drafter: a trained
+    draft head (drafter/head.py) drafting the head of every raster window; its measured prior,
+    if it has one, is the auto window's."""
     gumbel = gumbel_verification(jacobi, rule)
     if drafter is not None and (jacobi.row_context is not None or jacobi.tree is not None):
         raise ValueError("a trained drafter drafts raster chains: it cannot be combined with "
@@ -240,7 +241,8 @@ def curve_tag(session: Session, sampling: SamplingConfig, rule: AcceptanceRule,
 def measure_cost_curve(model: ImageModel, session: Session, sampling: SamplingConfig,
                        windows: tuple[int, ...], rule: AcceptanceRule | None = None,
                        jacobi: JacobiConfig | None = None, sweeps: int = 4,
-                       warm: int = 2, timed: int = 2) -> dict[int, float]:
+                       warm: int = 2, timed: int = 2, drafter=None,  # noqa: ANN001
+                       tag: str | None = None) -> dict[int, float]:
     """Median wall time of one iteration of this loop at each window size for this batch, in
     seconds; window 0 is one step of plain AR decoding. What is timed is step() itself, with
     the decode's rule and drafter, from a state half-way through the images (no drafts waiting:
@@ -252,7 +254,9 @@ def measure_cost_curve(model: ImageModel, session: Session, sampling: SamplingCo
     step varies by 20 % from one second to the next, and AR and speculation are compared by
     ratio. Runs on the decode's own session: what a window writes past a committed prefix never
     influences later results (the Session contract), so the measurement leaves no trace.
-    Cached (costs.cost_curve); what decodes of the setting start from afterwards."""
+    Cached (costs.cost_curve) under `tag` (default: curve_tag's); what decodes of the setting
+    start from afterwards. drafter: a draft head drafting every timed window (its chain
+    included in the time)."""
     rule = get_rule("sjd") if rule is None else rule
     jacobi = JacobiConfig(window=max(windows)) if jacobi is None else jacobi
     length, batch, dev = model.layout.length, session.batch_size, model.device
@@ -262,7 +266,7 @@ def measure_cost_curve(model: ImageModel, session: Session, sampling: SamplingCo
         gens = [torch.Generator(device=dev).manual_seed(i) for i in range(batch)]
         ar = AutoregressiveLoop(model, session, sampling, gens)
         loops = {w: Loop(model, session, rule, sampling, jacobi, Raster(model, WindowPolicy(w)),
-                         gens) for w in todo if w}
+                         gens, drafter=drafter) for w in todo if w}
         times: dict[int, list[float]] = {w: [] for w in todo}
         table = None
         for _ in range(sweeps):
@@ -271,6 +275,8 @@ def measure_cost_curve(model: ImageModel, session: Session, sampling: SamplingCo
                     if w:
                         loops[w].state = loops[w].new_state(gens, table)
                         loops[w].state.committed_prefix(start)
+                        if drafter is not None:  # as if a feature had been kept: the head runs
+                            loops[w].state.memory[HeadDrafter.has_key].fill_(True)
                         table = loops[w].state.noise_table
                     _sync(dev)
                     t0 = time.perf_counter()
@@ -280,7 +286,7 @@ def measure_cost_curve(model: ImageModel, session: Session, sampling: SamplingCo
                         times[w].append(time.perf_counter() - t0)
         return times
 
-    tag = curve_tag(session, sampling, rule, jacobi)
+    tag = curve_tag(session, sampling, rule, jacobi) if tag is None else tag
     with torch.inference_mode():
         return cost_curve(model, batch, sampling.uses_cfg, tag, windows, time_all)
 

@@ -310,7 +310,9 @@ def create_app(model, engine=None, hosts: set[str] | None = None):  # noqa: ANN0
 
 
 def serve(model_name: str = "builtin", host: str = "127.0.0.1", port: int = 7860,
-          weights: str | None = None) -> None:
+          weights: str | None = None, drafter: str | None = None) -> None:
+    """Serve the demo until Ctrl-C; drafter: a draft head folder (or "shipped") drafting every
+    speculative decode of the shared engine."""
     from ..models import load_model
     from ..serve.app import run_beside
     from ..serve.engine import Engine
@@ -319,7 +321,10 @@ def serve(model_name: str = "builtin", host: str = "127.0.0.1", port: int = 7860
     model = load_model(model_name, weights)
     if model.name != "builtin":
         raise ValueError("the demo takes caption prompts; use --model builtin")
-    engine = Engine(model, max_batch=QUEUE_LIMIT, queue_size=2 * QUEUE_LIMIT)
+    from ..drafter.head import resolve_drafter
+
+    engine = Engine(model, max_batch=QUEUE_LIMIT, queue_size=2 * QUEUE_LIMIT,
+                    drafter=resolve_drafter(drafter, model))
     from ..serve.app import allowed_hosts
 
     run_beside(engine, create_app(model, engine, allowed_hosts(host, port)), host, port,

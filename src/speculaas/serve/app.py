@@ -304,10 +304,11 @@ def create_app(engine: Engine, time_limit_s: float = TIME_LIMIT_S,  # noqa: ANN2
 def serve(model_name: str = "builtin", host: str = "127.0.0.1", port: int = 8000,
           weights: str | None = None, max_batch: int = 8, queue_size: int = 64,
           time_limit_s: float = TIME_LIMIT_S, warm_up_s: float = 120.0,
-          api_key: str | None = None) -> None:
+          api_key: str | None = None, drafter: str | None = None) -> None:
     """Serve until Ctrl-C; first measure the default setting's cost curves for at most
     `warm_up_s` seconds (0: none; /health answers 503 "warming_up" meanwhile). api_key (or
-    $SPECULAAS_API_KEY): required of every generation call."""
+    $SPECULAAS_API_KEY): required of every generation call. drafter: a draft head folder (or
+    "shipped") drafting every speculative request."""
     import os
     import sys
 
@@ -328,11 +329,14 @@ def serve(model_name: str = "builtin", host: str = "127.0.0.1", port: int = 8000
               "(--api-key or SPECULAAS_API_KEY): anyone who reaches it can use it",
               file=sys.stderr, flush=True)
     model = load_model(model_name, weights)
+    from ..drafter.head import resolve_drafter
+
+    head = resolve_drafter(drafter, model)
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
     LOG.addHandler(handler)  # the engine's errors and, below it, the access log
     LOG.setLevel(logging.INFO)
-    engine = Engine(model, max_batch=max_batch, queue_size=queue_size)
+    engine = Engine(model, max_batch=max_batch, queue_size=queue_size, drafter=head)
     warm = Request(prompt=None, method="sjd") if warm_up_s > 0 else None
     run_beside(engine, create_app(engine, time_limit_s, hosts, api_key), host, port, warm=warm,
                warm_up_s=warm_up_s)

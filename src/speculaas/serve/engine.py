@@ -135,10 +135,11 @@ class BatchWindow(WindowPolicy):
     window beats plain AR by `margin`. Never times anything itself, so no request waits."""
 
     def __init__(self, model: ImageModel, rule, sampling, jacobi: JacobiConfig,  # noqa: ANN001
-                 capacity: int, tag: str, margin: float = 1.05, spread: float = 0.035) -> None:
+                 capacity: int, tag: str, margin: float = 1.05, spread: float = 0.035,
+                 prior: dict[int, float] | None = None) -> None:
         super().__init__(max(CANDIDATES))
         self.model, self.sampling, self.tag, self.margin = model, sampling, tag, margin
-        self.prior = PRIOR_TOKENS["lossless" if rule.exact else "relaxed"]
+        self.prior = prior or PRIOR_TOKENS["lossless" if rule.exact else "relaxed"]
         self.windows = torch.tensor(CANDIDATES)
         self.straggle = straggler_factor(self.windows, capacity, spread)
         self.e0 = torch.tensor([prior_tokens(self.prior, w) for w in CANDIDATES])
@@ -189,20 +190,37 @@ def lane_setting(model: ImageModel, req: Request) -> tuple:
     return rule, sampling, jacobi, window == "auto"
 
 
-class Lane:
-    """One decode setting's rows: a loop over a session of `capacity` rows."""
+def lane_tag(session, rule, sampling, jacobi: JacobiConfig, drafter) -> str:  # noqa: ANN001
+    """The cost-curve tag of a lane (loop.curve_tag, and the head where one drafts)."""
+    tag = curve_tag(session, sampling, rule, jacobi)
+    return tag if drafter is None else f"{tag}/head={drafter.head_id}:{drafter.cfg.depth}"
 
-    def __init__(self, model: ImageModel, req: Request, capacity: int) -> None:
+
+def head_prior(drafter, rule) -> dict[int, float] | None:  # noqa: ANN001
+    """The tokens per iteration a draft head measured for this kind of rule, if any."""
+    if drafter is None:
+        return None
+    prior = drafter.target.get("prior", {}).get("lossless" if rule.exact else "relaxed")
+    return {int(w): float(e) for w, e in prior.items()} if prior else None
+
+
+class Lane:
+    """One decode setting's rows: a loop over a session of `capacity` rows; drafter: the
+    engine's draft head, drafting every speculative lane's windows."""
+
+    def __init__(self, model: ImageModel, req: Request, capacity: int, drafter=None) -> None:  # noqa: ANN001
         self.model, self.capacity = model, capacity
         self.rule, self.sampling, jacobi, auto = lane_setting(model, req)
         self.session = model.start([None] * capacity, cfg=self.sampling.uses_cfg)
-        tag = curve_tag(self.session, self.sampling, self.rule, jacobi)
-        policy = (BatchWindow(model, self.rule, self.sampling, jacobi, capacity, tag)
+        head = drafter if req.method != "ar" else None
+        tag = lane_tag(self.session, self.rule, self.sampling, jacobi, head)
+        policy = (BatchWindow(model, self.rule, self.sampling, jacobi, capacity, tag,
+                              prior=head_prior(head, self.rule))
                   if auto else WindowPolicy(int(jacobi.window)))
         self.policy = policy
         gens = [torch.Generator(device=model.device).manual_seed(0) for _ in range(capacity)]
         self.loop = Loop(model, self.session, self.rule, self.sampling, jacobi,
-                         Raster(model, policy), gens)
+                         Raster(model, policy), gens, drafter=head)
         self.loop.state.retire(list(range(capacity)))
         self.slots: list[Request | None] = [None] * capacity
 
@@ -279,11 +297,12 @@ class Engine:
     max_lanes sessions of max_batch rows whatever settings clients send."""
 
     def __init__(self, model: ImageModel, max_batch: int = 8, queue_size: int = 64,
-                 idle_lanes: int = 2, max_lanes: int = 4) -> None:
+                 idle_lanes: int = 2, max_lanes: int = 4, drafter=None) -> None:  # noqa: ANN001
         if max_batch < 1 or queue_size < 1:
             raise ValueError(f"max_batch and queue_size must be >= 1, got {max_batch}, "
                              f"{queue_size}")
         self.model, self.max_batch, self.queue_size = model, max_batch, queue_size
+        self.drafter = drafter  # a draft head (drafter/head.py) for every speculative lane
         self.idle_lanes = idle_lanes  # lanes kept without requests (KV rows, noise table)
         self.max_lanes = max(1, max_lanes)  # lanes at once: requests of a new setting wait
         self.waiting: collections.deque[Request] = collections.deque()
@@ -314,7 +333,8 @@ class Engine:
                     break
                 session = self.model.start([None] * b, cfg=sampling.uses_cfg)
                 measure_cost_curve(self.model, session, sampling, (0, *CANDIDATES), rule,
-                                   jacobi)
+                                   jacobi, drafter=self.drafter,
+                                   tag=lane_tag(session, rule, sampling, jacobi, self.drafter))
         finally:
             self.warming, self.warm_end = False, time.monotonic()
 
@@ -367,7 +387,8 @@ class Engine:
                 del self.lanes[idle]  # the least recently used idle lane makes room
             if lane is None:
                 try:
-                    lane = self.lanes[key] = Lane(self.model, req, self.max_batch)
+                    lane = self.lanes[key] = Lane(self.model, req, self.max_batch,
+                                                  self.drafter)
                 except Exception as e:  # noqa: BLE001 - this request fails, with its cause
                     if not isinstance(e, ValueError):
                         LOG.exception("building a lane for %s failed", key)
