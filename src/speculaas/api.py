@@ -45,6 +45,7 @@ class GenerationOutput:
     sequence: torch.Tensor | None = None  # generated tokens including structural ones
     mean_window: torch.Tensor | None = None  # [B] mean window per image (1 for AR)
     windows: list[dict[int, int]] = field(default_factory=list)  # per image {window: forwards}
+    head_seconds: float = 0.0  # inside a draft head's chains (with profile=True)
 
     @property
     def step_compression(self) -> torch.Tensor:
@@ -188,7 +189,7 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
         images=model.decode(res.tokens) if decode_images else [],
         forward_passes=res.forward_passes.cpu(), commit_step=grid(res.commit_step),
         drafted=grid(res.drafted), entropy=grid(res.entropy), accept_hist=res.accept_hist.cpu(),
-        latency_s=latency, rule_seconds=res.rule_seconds,
+        latency_s=latency, rule_seconds=res.rule_seconds, head_seconds=res.head_seconds,
         options={"window": jacobi.window, "draft_init": draft_init, "coupling": coupling,
                  "verify": verify,
                  **({"row_context": row_context} if row_context is not None else {}),

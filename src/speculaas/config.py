@@ -137,7 +137,8 @@ class JacobiConfig:
     advance: "per_image" (each image commits its own accepted prefix) or "batch_min" (every image
         advances by the batch's smallest accepted length, as the reference code does; biased and
         slower, kept for comparison).
-    row_context: None (raster order) or c >= 1: the two-dimensional window (decoding/frontier_rows.py);
+    row_context: None (raster order) or c >= 1: the two-dimensional window
+        (decoding/frontier_rows.py);
         row r + 1 starts drafting once row r has c committed tokens, each active row with a
         window of its own behind the row above. Not lossless for any rule; c = a full row is
         one-dimensional Jacobi decoding.

@@ -110,6 +110,7 @@ def write_report(cfg, model, prompts: list, rows: list[dict]) -> dict:  # noqa: 
             "latency_median_s": statistics.median(lat),
             "speedup_vs_ar": (ar_latency / statistics.median(lat)) if ar_latency else None,
             "rule_overhead_pct": 100 * sum(r["rule_seconds"] for r in rs) / sum(lat),
+            "head_share_pct": 100 * sum(r.get("head_seconds", 0.0) for r in rs) / sum(lat),
             "peak_memory_mb": max(r["peak_memory_mb"] for r in rs),
         }
         if ar_label and lab != ar_label:
@@ -202,11 +203,17 @@ COLUMNS = """Columns: fwd passes: target forwards per image (AR: one per token).
 per forward. drafts/fwd: accepted drafts per forward. latency: median seconds per call.
 speed-up: AR's median latency over the variant's (pairs: the median and interquartile range of
 per-prompt ratios, prompt and seed matched). rule %: share of the decode spent inside the
-acceptance rule (entropy, TV, ...). peak MB: peak memory. fidelity: the judge's accuracy on the
-caption's attributes (1 = every attribute drawn). FID rend.: FID against the scenes rendered
-from the captions; FID / KIDx1e3 vs AR: against AR's images of the same prompts (0: the same
-distribution). drafted Q1..Q5: share of tokens committed as accepted drafts, by the image's
-local detail quintile (smooth to detailed)."""
+acceptance rule (entropy, TV, ...), and inside a trained draft head's chains (head).
+peak MB: peak memory. fidelity: the judge's accuracy on the caption's attributes (1 = every
+attribute drawn). FID rend.: FID against the scenes rendered from the captions; FID / KIDx1e3
+vs AR: against AR's images of the same prompts (0: the same distribution). drafted Q1..Q5:
+share of tokens committed as accepted drafts, by the image's local detail quintile (smooth to
+detailed)."""
+
+
+def _head_share(s: dict) -> str:
+    share = s.get("head_share_pct")
+    return f" / head {share:.1f}" if share else ""
 
 
 def render_table(summary: dict) -> str:
@@ -224,7 +231,7 @@ def render_table(summary: dict) -> str:
             f"| {lab} | {s['items']} | {s['forward_passes_mean']:.1f} | "
             f"{s['step_compression']:.2f}x | {s['accepted_drafts_per_forward']:.2f} | "
             f"{s['latency_median_s']:.3f} | {_fmt(s['speedup_vs_ar'])}x{_pairs(s)} | "
-            f"{s['rule_overhead_pct']:.1f} | {s['peak_memory_mb']:.0f} | "
+            f"{s['rule_overhead_pct']:.1f}{_head_share(s)} | {s['peak_memory_mb']:.0f} | "
             f"{_fmt(s.get('prompt_fidelity'), '.3f')} | {_fmt(s.get('fid_vs_rendered'), '.1f')} | "
             f"{_fmt(s.get('fid_vs_ar'), '.1f')} | {_fmt(s.get('kid_x1000_vs_ar'), '.1f')} | "
             f"{' / '.join(f'{x:.2f}' for x in q) if q else '-'} |" + extra)

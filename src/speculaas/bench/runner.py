@@ -368,6 +368,7 @@ def _run(cfg: BenchConfig, state) -> dict | None:  # noqa: ANN001
                     "entropy": [round(x, 4) for x in out.entropy[0].flatten().tolist()],
                     "accept_hist": out.accept_hist[0].tolist(),
                     "latency_s": out.latency_s, "rule_seconds": out.rule_seconds,
+                    "head_seconds": out.head_seconds,
                     "peak_memory_mb": _peak_memory_mb(model.device),
                     "rank": state.process_index, "time": time.time(),
                 }

@@ -127,12 +127,18 @@ class Loop:
         dp = torch.where(fresh[..., None], fdp, dp)
         forced = None if plan.forced is None else plan.forced[:, :K]
         if self.head is not None and K > 0:
+            if self.profile:
+                _sync(dev)
+                t0 = time.perf_counter()
             hd, hdp, use = self.head.draft(s.memory, plan.img, plan.start, s.tokens, K,
                                            noise[:, :K] if self.gumbel else None,
                                            u.fresh[:, :K], forced)
             D = hd.shape[1]
             d[:, :D] = torch.where(use[:, None], hd, d[:, :D])
             dp[:, :D] = torch.where(use[:, None, None], hdp, dp[:, :D])
+            if self.profile:
+                _sync(dev)
+                s.head_seconds += time.perf_counter() - t0
         if forced is not None:
             d = torch.where(forced >= 0, forced, d)
             dp = torch.where((forced >= 0)[..., None], _onehot(forced, dp), dp)

@@ -16,7 +16,8 @@ class DecodeResult:
     committed each position. drafted [B, T] bool: committed as an accepted draft (rather than
     sampled by the target at that iteration). entropy [B, T]: entropy (nats) of the target
     distribution that decided each position. accept_hist [B, W]: how many iterations accepted
-    0, 1, ..., W - 1 drafts. rule_seconds: time spent inside the acceptance rule.
+    0, 1, ..., W - 1 drafts. rule_seconds: time spent inside the acceptance rule;
+    head_seconds: inside a trained draft head's chain (both measured with `profile`).
     window_hist [B, W + 1]: forwards that ran each image with each window (the window policy
     may vary it; AR: all at window 1).
     """
@@ -30,6 +31,7 @@ class DecodeResult:
     iterations: int
     rule_seconds: float = 0.0
     window_hist: torch.Tensor | None = None
+    head_seconds: float = 0.0
 
     @property
     def mean_window(self) -> torch.Tensor:
@@ -58,4 +60,5 @@ class DecodeResult:
                    entropy=cat("entropy"), accept_hist=cat("accept_hist"),
                    iterations=sum(p.iterations for p in parts),
                    rule_seconds=sum(p.rule_seconds for p in parts),
+                   head_seconds=sum(p.head_seconds for p in parts),
                    window_hist=cat("window_hist"))

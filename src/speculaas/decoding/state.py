@@ -89,6 +89,7 @@ class DecodeState:
     keys: torch.Tensor
     iteration: int = 0
     rule_seconds: float = 0.0
+    head_seconds: float = 0.0
     memory: dict[str, torch.Tensor] = field(default_factory=dict)
     noise_table: torch.Tensor | None = None
 
@@ -227,4 +228,5 @@ class DecodeState:
                             commit_step=self.step[:, :n], drafted=self.drafted[:, :n],
                             entropy=self.entropy[:, :n], accept_hist=self.accept_hist,
                             iterations=self.iteration, rule_seconds=self.rule_seconds,
+                            head_seconds=self.head_seconds,
                             window_hist=self.window_hist)

@@ -123,13 +123,14 @@ class Session(ABC):
         inputs, pos, store [b, S]: slot s feeds token inputs[:, s] at generated position
         pos[:, s] (-1: the end of the prompt, the token is then ignored) and its output is the
         distribution of generated position pos + 1. visible [b, S, T]: which generated
-        positions -1 .. T-2 of the cache each slot attends to (nothing follows T-1); window_mask [b, S, S]: which
-        slots of this window it attends to. Slots with `store` keep their keys in the cache at
-        their position; the others leave no trace. scratch: 0 when at most one slot per image
-        is neither stored nor padding (a stand-in anchor); n > 0 when up to n are (the branches
-        of a candidate tree): the i-th unstored slot of a row keeps its keys in scratch column i
-        until the next call, for `keep_scratch`. Adapters whose models cannot take such a mask
-        leave this unimplemented (ImageModel.packed_forward is False).
+        positions -1 .. T-2 of the cache each slot attends to (nothing follows T-1);
+        window_mask [b, S, S]: which slots of this window it attends to. Slots with `store`
+        keep their keys in the cache at their position; the others leave no trace. scratch: 0
+        when at most one slot per image is neither stored nor padding (a stand-in anchor); n > 0
+        when up to n are (the branches of a candidate tree): the i-th unstored slot of a row
+        keeps its keys in scratch column i until the next call, for `keep_scratch`. Adapters
+        whose models cannot take such a mask leave this unimplemented
+        (ImageModel.packed_forward is False).
         """
         raise NotImplementedError(f"{type(self).__name__} has no packed forward")
 
