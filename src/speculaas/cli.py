@@ -15,6 +15,7 @@ from .config import (
     MODEL_NAMES,
     RULE_DEFAULTS,
     VERIFY_MODES,
+    TrainConfig,
 )
 
 DRAFTER_MODELS = ("builtin", "tiny")  # adapters whose sessions record features (draft_io)
@@ -260,7 +261,6 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 
 def cmd_train_drafter(args: argparse.Namespace) -> None:
-    from speculaas.drafter.train import TrainConfig
 
     if args.model not in DRAFTER_MODELS:
         raise ValueError(f"model {args.model!r} does not give a draft head its features yet "
@@ -405,18 +405,25 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--prompts", default=None,
                    help="prompt file (.txt/.tsv/.csv/COCO .json); default: the built-in "
                         "model's caption grammar, the tiny model's classes")
-    t.add_argument("--images", type=int, default=1536, help="target samples to distil from")
-    t.add_argument("--batch", type=int, default=32, help="images per AR decode while collecting")
-    t.add_argument("--steps", type=int, default=2000, help="optimiser steps")
-    t.add_argument("--chains", type=int, default=192, help="chains per optimiser step")
-    t.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (cosine decay)")
-    t.add_argument("--unroll", type=int, default=8, help="chain steps trained per chain")
-    t.add_argument("--width", type=int, default=256, help="the head's width")
-    t.add_argument("--blocks", type=int, default=2, help="the head's residual MLP blocks")
-    t.add_argument("--depth", type=int, default=8,
+    t.add_argument("--images", type=int, default=TrainConfig.images,
+                   help="target samples to distil from")
+    t.add_argument("--batch", type=int, default=TrainConfig.batch,
+                   help="images per AR decode while collecting")
+    t.add_argument("--steps", type=int, default=TrainConfig.steps, help="optimiser steps")
+    t.add_argument("--chains", type=int, default=TrainConfig.chains,
+                   help="chains per optimiser step")
+    t.add_argument("--lr", type=float, default=TrainConfig.lr,
+                   help="peak learning rate (cosine decay)")
+    t.add_argument("--unroll", type=int, default=TrainConfig.unroll,
+                   help="chain steps trained per chain")
+    t.add_argument("--width", type=int, default=TrainConfig.width, help="the head's width")
+    t.add_argument("--blocks", type=int, default=TrainConfig.blocks,
+                   help="the head's residual MLP blocks")
+    t.add_argument("--depth", type=int, default=TrainConfig.depth,
                    help="slots drafted per window by default (--draft-depth at use)")
-    t.add_argument("--seed", type=int, default=0, help="prompts, samples and minibatches")
-    t.add_argument("--prior-prompts", type=int, default=8,
+    t.add_argument("--seed", type=int, default=TrainConfig.seed,
+                   help="prompts, samples and minibatches")
+    t.add_argument("--prior-prompts", type=int, default=TrainConfig.prior_prompts,
                    help="held-out prompts decoded per window to measure what window=auto "
                         "expects of the head (0: none)")
     t.add_argument("--temperature", type=float, default=None,

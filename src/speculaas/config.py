@@ -188,3 +188,42 @@ class JacobiConfig:
                                                  and self.row_context >= 1):
             raise ValueError("row_context must be an integer >= 1 (tokens of the row above "
                              f"committed before a row starts) or None, got {self.row_context!r}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """images: target samples to distil from; batch: images per AR decode while collecting;
+    steps / chains / lr: optimisation (chains: minibatch of chains per step); unroll: chain
+    steps trained per chain; width / blocks / depth: the head (HeadConfig); holdout: share of
+    the images kept out of training to report agreement; prior_prompts: held-out prompts
+    decoded per window for the auto window's prior (0: none); checkpoint_every: steps."""
+
+    images: int = 1536
+    batch: int = 32
+    steps: int = 2000
+    chains: int = 192
+    lr: float = 2e-3
+    unroll: int = 8
+    width: int = 256
+    blocks: int = 2
+    depth: int = 8
+    holdout: float = 0.05
+    seed: int = 0
+    prior_prompts: int = 8
+    checkpoint_every: int = 200
+
+    def __post_init__(self) -> None:
+        ints = ("images", "batch", "steps", "chains", "unroll", "width", "blocks", "depth",
+                "checkpoint_every")
+        for k in ints:
+            v = getattr(self, k)
+            if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+                raise ValueError(f"{k} must be an integer >= 1, got {v!r}")
+        if not (isinstance(self.prior_prompts, int) and self.prior_prompts >= 0):
+            raise ValueError(f"prior_prompts must be an integer >= 0, got {self.prior_prompts!r}")
+        if not (isinstance(self.lr, (int, float)) and 0 < self.lr < 1):
+            raise ValueError(f"lr must be in (0, 1), got {self.lr!r}")
+        if not (isinstance(self.holdout, (int, float)) and 0 <= self.holdout < 0.5):
+            raise ValueError(f"holdout must be in [0, 0.5), got {self.holdout!r}")
+        if self.depth > 64 or self.unroll > 64:
+            raise ValueError("depth and unroll are at most 64")
