@@ -85,6 +85,34 @@ def test_sjd_with_a_head_on_the_builtin_model_and_row_ends():
     assert torch.equal(out.sequence, ar.sequence)
 
 
+def test_llamagen_trains_a_head_and_sjd_with_it_draws_ar_tokens(tmp_path):
+    """LlamaGen's sessions give a head their features: a head trained on its class prompts is
+    tied to it, and sjd with it (CFG + top-k, batch 4) draws AR's tokens."""
+    from conftest import assert_same_as_ar
+
+    from speculaas.models.random_checkpoints import (
+        LLAMAGEN_GRID,
+        LLAMAGEN_VQ,
+        write_random_checkpoint,
+    )
+
+    write_random_checkpoint("llamagen", tmp_path)
+    model = sp.load_model("llamagen", str(tmp_path / "c2i_tiny_64.pt"),
+                          vq=str(tmp_path / "vq_tiny.pt"), image_size=LLAMAGEN_GRID * 16,
+                          vq_config=LLAMAGEN_VQ, n_head=4)
+    sampling = SamplingConfig(cfg_scale=4.0, top_k=50)
+    cfg = TrainConfig(images=32, batch=16, steps=10, chains=32, unroll=3, width=32, blocks=1,
+                      depth=4, prior_prompts=0)
+    train_drafter(model, tmp_path / "head", cfg, sampling, progress=False, log=lambda *a: None)
+    head = load_head(tmp_path / "head", model)
+    assert head.target["model"] == "llamagen"
+    assert_same_as_ar(model, [3, 7, None, 1], windows=(4, 16, "auto"), seed=5, cfg_scale=4.0,
+                      top_k=50, drafter=head)
+    runs = [sp.generate(model, [3, 7, None, 1], method="sjd", window=8, seed=5, cfg_scale=4.0,
+                        top_k=50, drafter=h, decode_images=False) for h in (head, None)]
+    assert not torch.equal(runs[0].forward_passes, runs[1].forward_passes)  # the head drafted
+
+
 def test_a_trained_head_commits_more_than_an_untrained_one(tiny, tiny_head):
     opts = dict(cfg_scale=2.0, top_k=12, decode_images=False, window=8)
     prompts, seeds = [0, 1, 2, 3] * 2, list(range(8))

@@ -18,7 +18,8 @@ from .config import (
     TrainConfig,
 )
 
-DRAFTER_MODELS = ("builtin", "tiny")  # adapters whose sessions record features (draft_io)
+# Adapters whose sessions record features (ImageModel.draft_io): the ones a head can run on.
+DRAFTER_MODELS = ("builtin", "tiny", "llamagen")
 MAX_IMAGES = 10_000  # per CLI call; larger jobs belong in `speculaas bench` or a script
 
 
@@ -264,7 +265,7 @@ def cmd_train_drafter(args: argparse.Namespace) -> None:
 
     if args.model not in DRAFTER_MODELS:
         raise ValueError(f"model {args.model!r} does not give a draft head its features yet "
-                         f"(train-drafter runs on {' and '.join(DRAFTER_MODELS)})")
+                         f"(train-drafter runs on {', '.join(DRAFTER_MODELS)})")
     cfg = TrainConfig(images=args.images, batch=args.batch, steps=args.steps,
                       chains=args.chains, lr=args.lr, unroll=args.unroll, width=args.width,
                       blocks=args.blocks, depth=args.depth, seed=args.seed,
@@ -395,7 +396,8 @@ def main(argv: list[str] | None = None) -> None:
                                    "next tokens from them. Resumes where an interrupted run "
                                    "stopped (same --out and options).")
     t.add_argument("--model", default="builtin", choices=MODEL_NAMES, metavar="MODEL",
-                   help=f"one of {', '.join(MODEL_NAMES)} (heads run on builtin and tiny)")
+                   help=f"one of {', '.join(MODEL_NAMES)} (heads run on "
+                        f"{', '.join(DRAFTER_MODELS)})")
     t.add_argument("--weights", default=None, help="local weights folder or hub name")
     t.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     t.add_argument("--dtype", default=None, help="e.g. bfloat16 (None: the weights' own)")

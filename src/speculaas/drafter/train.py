@@ -35,7 +35,8 @@ PRIOR_WINDOWS = (2, 4, 8, 16, 32, 64)
 
 def default_prompts(model: ImageModel, n: int, seed: int) -> list:
     """Prompts the target distils from when none are given: the built-in model's caption
-    grammar (scenes no benchmark or training set uses), the tiny model's classes."""
+    grammar (scenes no benchmark or training set uses), the tiny model's and LlamaGen c2i's
+    classes (a t2i checkpoint needs a prompt file)."""
     if model.name == "builtin":
         from ..models.builtin.scenes import render_scene
 
@@ -44,6 +45,10 @@ def default_prompts(model: ImageModel, n: int, seed: int) -> list:
     if model.name == "tiny":
         classes = getattr(model, "num_classes", 0)
         return [i % classes for i in range(n)] if classes else [None] * n
+    gpt = getattr(model, "gpt", None)
+    if model.name == "llamagen" and gpt.model_type == "c2i":
+        classes = gpt.cls_embedding.embedding_table.num_embeddings - 1  # the last: unconditional
+        return [int(c) for c in np.random.default_rng(seed).integers(0, classes, n)]
     raise ValueError(f"model {model.name!r} has no built-in prompts: give a prompt file "
                      "(--prompts FILE, one prompt per line)")
 

@@ -30,6 +30,7 @@ from torch import nn
 from ..config import SamplingConfig
 from .base import (
     SCRATCH_SLOTS,
+    DraftIO,
     ImageModel,
     Layout,
     Session,
@@ -37,6 +38,7 @@ from .base import (
     packed_layout,
     resolve_dtype,
     to_images,
+    weights_fingerprint,
 )
 
 # (dim, n_layer) -> n_head of LlamaGen's published GPT sizes.
@@ -222,8 +224,10 @@ class LlamaGenGPT(nn.Module):
     def forward_cached(
         self, x: torch.Tensor, pos: torch.Tensor, cache: dict, rows: torch.Tensor,
         packed: tuple[torch.Tensor, torch.Tensor] | None = None, span: int | None = None,
-    ) -> torch.Tensor:
-        """x [R, L, dim] embeddings at positions pos [R, L] of cache rows `rows` -> logits.
+        features: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """x [R, L, dim] embeddings at positions pos [R, L] of cache rows `rows` -> logits, or
+        (logits, the final norm's output: what the output head reads) with `features`.
 
         packed = (mask [R, L, S], write [R, L]): store the keys at cache columns `write` and let
         each query see the first S columns as the mask says (Session.forward_packed)."""
@@ -258,7 +262,8 @@ class LlamaGenGPT(nn.Module):
             ff = blk.feed_forward
             h = blk.ffn_norm(x)
             x = x + ff.w2(F.silu(ff.w1(h)) * ff.w3(h))
-        return self.output(self.norm(x)).float()
+        h = self.norm(x)
+        return (self.output(h).float(), h) if features else self.output(h).float()
 
     def new_cache(self, rows: int) -> dict:
         att = self.layers[0].attention
@@ -504,6 +509,14 @@ class LlamaGenModel(ImageModel):
     def token_embeddings(self) -> torch.Tensor:
         return self.gpt.tok_embeddings.weight.detach()
 
+    def draft_io(self) -> DraftIO:
+        gpt = self.gpt
+        if getattr(self, "_fingerprint", None) is None:
+            self._fingerprint = weights_fingerprint(self.name, gpt)
+        return DraftIO(dim=gpt.dim, embed=gpt.tok_embeddings,
+                       logits=lambda h: gpt.output(h).float(), fingerprint=self._fingerprint,
+                       dtype=gpt.output.weight.dtype)
+
     def codebook(self) -> torch.Tensor | None:
         if self.vq is None:
             return None
@@ -545,11 +558,19 @@ class _LlamaGenSession(Session):
         pos = pos.clamp(max=self.gpt.max_len)  # slots past the image: a spare cache slot
         span = (None if max_offset is None
                 else min(self.prefix - 2 + max_offset + inputs.shape[1], self.gpt.max_len) + 1)
-        logits = self.gpt.forward_cached(x, pos, self.cache, rows, span=span)
+        out = self.gpt.forward_cached(x, pos, self.cache, rows, span=span,
+                                      features=self.record_features)
+        return self._split(out)
+
+    def _split(self, out):  # noqa: ANN001, ANN202
+        """(cond, uncond or None) logits; the features kept where recorded."""
+        if self.record_features:
+            out, feats = out
+            self.features = tuple(feats.chunk(2)) if self.cfg else (feats, None)
         if self.cfg:
-            cond, uncond = logits.chunk(2)
+            cond, uncond = out.chunk(2)
             return cond, uncond
-        return logits, None
+        return out, None
 
     @torch.inference_mode()
     def forward_packed(self, inputs, pos, images, visible, window_mask, store, scratch=0):  # noqa: ANN001, ANN201, E501
@@ -570,11 +591,9 @@ class _LlamaGenSession(Session):
                                          scratch)
             mask, cache_pos, write = torch.cat([mask, null_mask]), *(
                 torch.cat([t, t]) for t in (cache_pos, write))
-        logits = self.gpt.forward_cached(x, cache_pos, self.cache, rows, (mask, write))
-        if self.cfg:
-            cond, uncond = logits.chunk(2)
-            return cond, uncond
-        return logits, None
+        out = self.gpt.forward_cached(x, cache_pos, self.cache, rows, (mask, write),
+                                      features=self.record_features)
+        return self._split(out)
 
     @torch.inference_mode()
     def keep_scratch(self, images, scratch, pos):  # noqa: ANN001, ANN201
