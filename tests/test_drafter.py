@@ -58,15 +58,16 @@ def test_training_writes_a_head_tied_to_its_target(tiny, tiny_head):
     assert head.cfg.depth == FAST.depth and head.target["sampling"]["cfg_scale"] == 2.0
 
 
-@pytest.mark.parametrize("window", [4, 16, "auto"])
+@pytest.mark.parametrize("window,tree", [(4, None), (16, None), ("auto", None), (8, (3, 3)),
+                                         ("auto", (2, 4))])
 @pytest.mark.parametrize("batch", [1, 4])
-def test_sjd_with_a_head_draws_ar_tokens(tiny, tiny_head, window, batch):
+def test_sjd_with_a_head_draws_ar_tokens(tiny, tiny_head, window, tree, batch):
     prompts = [i % 4 for i in range(batch)]
     seeds = list(range(10, 10 + batch))
     opts = dict(cfg_scale=2.0, top_k=12, decode_images=False)
     ar = sp.generate(tiny, prompts, method="ar", seed=seeds, **opts)
     for head in (tiny_head, random_head(tiny, depth=6)):
-        out = sp.generate(tiny, prompts, method="sjd", seed=seeds, window=window,
+        out = sp.generate(tiny, prompts, method="sjd", seed=seeds, window=window, tree=tree,
                           drafter=head, **opts)
         assert torch.equal(out.tokens, ar.tokens)
 
@@ -124,13 +125,15 @@ def test_a_trained_head_commits_more_than_an_untrained_one(tiny, tiny_head):
 
 @pytest.fixture(scope="module")
 def toy():
-    return sp.load_model("toy", vocab_size=3, length=4, rows=2, seed=0)
+    return sp.load_model("toy", vocab_size=3, length=4, rows=2, seed=0, packed=True)
 
 
-@pytest.mark.parametrize("window,cfg", [(4, None), (3, 2.0)])
-def test_ratio_test_with_a_head_keeps_the_exact_law(toy, window, cfg):
+@pytest.mark.parametrize("window,cfg,tree", [(4, None, None), (3, 2.0, None), (8, None, (3, 2))])
+def test_ratio_test_with_a_head_keeps_the_exact_law(toy, window, cfg, tree):
+    """The head's chain (and, in a tree, the candidates ranked by its law, walked with the
+    rule on each node's output) keeps the one-sequence law exact."""
     sampling = SamplingConfig(cfg_scale=cfg)
-    jacobi = JacobiConfig(window=window, verify="ratio", draft_depth=3)
+    jacobi = JacobiConfig(window=window, verify="ratio", draft_depth=3, tree=tree)
     head = random_head(toy, depth=3)
     counts = sample_sequences_with(toy, jacobi, sampling, head)
     assert chi_square_p(counts, toy.exact_distribution(sampling)) > ALPHA
@@ -149,9 +152,10 @@ def misdeclared(monkeypatch):
     monkeypatch.setattr(HeadDrafter, "draft", wrong)
 
 
-def test_a_head_declaring_another_law_fails(toy, misdeclared):
+@pytest.mark.parametrize("window,tree", [(4, None), (8, (3, 2))])
+def test_a_head_declaring_another_law_fails(toy, misdeclared, window, tree):
     sampling = SamplingConfig()
-    jacobi = JacobiConfig(window=4, verify="ratio", draft_depth=3)
+    jacobi = JacobiConfig(window=window, verify="ratio", draft_depth=3, tree=tree)
     counts = sample_sequences_with(toy, jacobi, sampling, random_head(toy, depth=3))
     assert chi_square_p(counts, toy.exact_distribution(sampling)) < ALPHA
 
@@ -188,8 +192,8 @@ def test_a_head_for_other_weights_is_refused(tiny, tiny_head, tmp_path):
     (broken / "head.safetensors").write_bytes(bytes(data))
     with pytest.raises(ValueError, match="is damaged"):
         load_head(broken, tiny)
-    with pytest.raises(ValueError, match="cannot be combined with row_context or tree"):
-        sp.generate(tiny, [0], method="sjd", drafter=tiny_head, tree=(2, 2),
+    with pytest.raises(ValueError, match="cannot be combined with row_context"):
+        sp.generate(tiny, [0], method="sjd", drafter=tiny_head, row_context=2,
                     decode_images=False)
     with pytest.raises(ValueError, match="draft_depth must be"):
         sp.generate(tiny, [0], method="sjd", drafter=tiny_head, draft_depth=0)

@@ -330,12 +330,16 @@ class HeadDrafter:
         return torch.stack(tokens, 1), torch.stack(laws, 1), use
 
     def observe(self, memory: dict[str, torch.Tensor], img: torch.Tensor, keep: torch.Tensor,
-                features: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+                features: tuple[torch.Tensor, torch.Tensor | None],
+                decider: torch.Tensor | None = None) -> None:
         """After the commit: keep [b, L] the committed slots; features: the forward's
-        (cond, uncond) [b, L, dim]. The feature of each image's last committed slot decided
-        its last committed position: the next chain starts from it."""
+        (cond, uncond) [b, S, dim]. The feature of the slot that decided each image's last
+        committed position (`decider` [b], default its last kept slot) is where the next chain
+        starts."""
         got = keep.any(1)
         last = (keep.long() * torch.arange(1, keep.shape[1] + 1, device=keep.device)).argmax(1)
+        if decider is not None:
+            last = decider
         parts = [f for f in features if f is not None][: self.rows]
         feat = torch.stack([f[torch.arange(len(img), device=img.device), last] for f in parts], 1)
         old = memory[self.feat_key][img]

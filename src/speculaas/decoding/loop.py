@@ -155,7 +155,7 @@ class Loop:
         c, q = f.extend(w, v, settle(w, v, plan.takes_extra, f.limit(plan, v)), u)
         self.init.committed(s.memory, plan.img, plan.pos, c.keep, q)
         if self.head is not None:
-            self.head.observe(s.memory, plan.img, c.keep, self.session.features)
+            self.head.observe(s.memory, plan.img, c.keep, self.session.features, c.decider)
         s.commit(plan.img, plan.pos, c.keep, c.tokens, c.drafted, q)
         s.keep_drafts(plan.img, plan.pos, c.tail, c.tokens, c.laws)
         f.observe(s, plan, v, c)
@@ -189,12 +189,13 @@ def decode(model: ImageModel, session: Session, rule: AcceptanceRule, sampling: 
     decodes plain AR. Nothing is timed up front: window="auto" starts from a stored or
     reference cost curve and, where the rule verifies sample-exactly, refines it from the
     decode's own iterations and stores it when the decode ends (costs.py). drafter: a trained
-    draft head (drafter/head.py) drafting the head of every raster window; its measured prior,
+    draft head (drafter/head.py) drafting the head of every raster window (a tree's chain, whose
+    other candidates come from the head's law); its measured prior,
     if it has one, is the auto window's."""
     gumbel = gumbel_verification(jacobi, rule)
-    if drafter is not None and (jacobi.row_context is not None or jacobi.tree is not None):
-        raise ValueError("a trained drafter drafts raster chains: it cannot be combined with "
-                         "row_context or tree yet")
+    if drafter is not None and jacobi.row_context is not None:
+        raise ValueError("a trained drafter drafts raster chains (with or without a tree): it "
+                         "cannot be combined with row_context yet")
     tag = curve_tag(session, sampling, rule, jacobi)
     if drafter is not None:
         tag += f"/head={drafter.head_id}:{jacobi.draft_depth or drafter.cfg.depth}"

@@ -350,4 +350,7 @@ class Tree(Raster):
         keep = i <= limit[:, None]
         tail = (i > limit[:, None]) & (i < w.outputs[:, None])
         laws = c.laws
-        return Commit(limit, tokens, laws, keep, tail, i < limit[:, None]), q_eff
+        # The slot whose output decided the last committed position: the walk's last node, or
+        # the chain's slot `limit` where no walk went on (a trained head starts from its feature).
+        decider = torch.where(limit != c.limit, par, limit.clamp(min=0))
+        return Commit(limit, tokens, laws, keep, tail, i < limit[:, None], decider), q_eff

@@ -129,7 +129,9 @@ class Commit:
     limit [G]: last committed slot (-1: nothing). tokens [G, L]: per slot the accepted draft,
     the extra token, or the coupling's next draft. laws [G, L, V]: the declared law of each
     slot's token where it stays a draft. keep [G, L]: committed slots. tail [G, L]: slots kept
-    as the next drafts. drafted [G, L]: slots holding an accepted draft.
+    as the next drafts. drafted [G, L]: slots holding an accepted draft. decider [G] or None:
+    the forward's slot whose output decided the last committed position (None: the last kept
+    slot; a candidate tree's walk ends on an off-chain node).
     """
 
     limit: torch.Tensor
@@ -138,6 +140,7 @@ class Commit:
     keep: torch.Tensor
     tail: torch.Tensor
     drafted: torch.Tensor
+    decider: torch.Tensor | None = None
 
 
 def settle(w: Window, v: Verdict, takes_extra: torch.Tensor,

@@ -281,7 +281,10 @@ class _ToySession(Session):
         if scratch:
             r = torch.arange(b, device=pos.device)[:, None].expand(b, n)
             self.scratch[r[loose], rank[loose].clamp(max=scratch - 1)] = inputs[loose]
-        return self.model.table[rows], self.model.uncond_table[rows] if self.cfg else None
+        out = self.model.table[rows], self.model.uncond_table[rows] if self.cfg else None
+        if self.record_features:
+            self.features = out
+        return out
 
     def keep_scratch(self, images, scratch, pos):  # noqa: ANN001, ANN201
         used = scratch >= 0
