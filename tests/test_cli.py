@@ -120,3 +120,33 @@ def test_help_states_each_adapters_sampling_defaults():
     assert ("(builtin 3, janus 5, lumina-mgpt 3, emu3 3, llamagen c2i 4, llamagen t2i 7.5); 1 "
             "switches CFG off") in text
     assert "(builtin off, janus off, lumina-mgpt 2000, emu3 2048" in text
+
+
+def test_train_drafter_then_generate_with_the_head(tmp_path):
+    head = tmp_path / "head"
+    res = subprocess.run(CLI + ["train-drafter", "--model", "tiny", "--out", str(head),
+                                "--images", "32", "--batch", "16", "--steps", "6", "--chains",
+                                "16", "--unroll", "2", "--width", "16", "--blocks", "1",
+                                "--depth", "3", "--prior-prompts", "0"],
+                         capture_output=True, text=True, check=True)
+    assert (head / "head.safetensors").is_file() and "head.json" in res.stdout + res.stderr
+    out = tmp_path / "img.png"
+    res = subprocess.run(CLI + ["generate", "--model", "tiny", "--prompt", "3", "--method", "sjd",
+                                "--drafter", str(head), "--draft-depth", "2", "--out", str(out)],
+                         capture_output=True, text=True, check=True)
+    assert "forward passes for 16 tokens" in res.stdout
+    for args, message in [
+        (["train-drafter", "--model", "tiny", "--out", str(head), "--steps", "0"],
+         "speculaas: error: steps must be an integer >= 1, got 0"),
+        (["train-drafter", "--model", "janus", "--out", str(head)],
+         "speculaas: error: model 'janus' does not give a draft head its features yet "
+         "(train-drafter runs on builtin, tiny, llamagen)"),
+        (["generate", "--model", "tiny", "--prompt", "3", "--method", "sjd", "--drafter",
+          str(tmp_path / "none"), "--out", str(out)], None),
+    ]:
+        res = subprocess.run(CLI + args, capture_output=True, text=True)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        line = res.stderr.strip()
+        assert len(line.splitlines()) == 1, line
+        if message is not None:
+            assert line == message

@@ -262,7 +262,6 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 
 def cmd_train_drafter(args: argparse.Namespace) -> None:
-
     if args.model not in DRAFTER_MODELS:
         raise ValueError(f"model {args.model!r} does not give a draft head its features yet "
                          f"(train-drafter runs on {', '.join(DRAFTER_MODELS)})")
