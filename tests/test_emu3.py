@@ -8,6 +8,7 @@ import torch
 from conftest import assert_same_as_ar
 
 import speculaas as sp
+from speculaas.models.emu3 import NEGATIVE_PROMPT
 from speculaas.models.random_checkpoints import (
     CODEBOOK,
     EMU3_IDS,
@@ -92,6 +93,34 @@ def test_ar_matches_transformers_constrained_generation(emu3):
     assert torch.equal(emu3.index_to_bpe[ours.sequence[0]], theirs[0, prompt.shape[1] :])
 
 
+NEGATIVE = [BOS, 11, 12, 13, 14, 15, 16, BOI, 20, 21, 22, IDS["<image>"]]  # longer than both
+
+
+@pytest.mark.parametrize("negative", [NEGATIVE, NEGATIVE[:1] + NEGATIVE[-5:]])
+def test_negative_prompt_guides_as_transformers_does(emu3_dir, negative):
+    """The unconditional row is the negative prompt, fully attended, whatever its length:
+    greedy AR equals transformers' own unbatched CFG over the same negative ids."""
+    model = sp.load_model("emu3", str(emu3_dir), grid=(H, W), negative_prompt=negative)
+    assert torch.equal(model.unconditional(torch.tensor(PROMPTS[1])), torch.tensor(negative))
+    visual = model.index_to_bpe[:CODEBOOK].tolist()
+    for prompt in PROMPTS:
+        ids = torch.tensor([prompt])
+
+        def allowed(batch_id, input_ids, n=ids.shape[1]):
+            return [EOL] if (input_ids.shape[0] - n) % (W + 1) == W else visual
+
+        ours = sp.generate(model, [prompt], method="ar", top_k=1, cfg_scale=3.0,
+                           decode_images=False)
+        theirs = model.hf.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=H * (W + 1),
+            do_sample=False, prefix_allowed_tokens_fn=allowed, guidance_scale=3.0,
+            negative_prompt_ids=torch.tensor([negative]),
+            negative_prompt_attention_mask=torch.ones(1, len(negative), dtype=torch.long),
+            pad_token_id=PAD, eos_token_id=IDS["<eos>"])
+        assert torch.equal(model.index_to_bpe[ours.sequence[0]], theirs[0, ids.shape[1]:])
+    assert_same_as_ar(model, PROMPTS, windows=(4, 16, "auto"), seed=1, cfg_scale=3.0)
+
+
 def test_text_prompts_follow_the_recipe_and_state_their_grid(emu3_dir):
     from transformers.models.emu3.processing_emu3 import Emu3Processor
 
@@ -111,3 +140,6 @@ def test_text_prompts_follow_the_recipe_and_state_their_grid(emu3_dir):
     plain = sp.load_model("emu3", str(emu3_dir), processor=Recording(), quality_suffix="")
     plain.check_prompts(["a red cat"])
     assert seen["text"] == ["a red cat"]
+    model.unconditional(torch.tensor([BOS, 5, BOI, 20, IDS["<image>"]]))
+    assert seen["text"] == [NEGATIVE_PROMPT]  # the recipe's negative prompt, no suffix
+    assert seen["ratio"] == "6:4"

@@ -96,10 +96,19 @@ def load_processor(path: str):  # noqa: ANN201
         return None
 
 
+def _guidance_rows(cond: torch.Tensor, uncond: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """[2, n]: the conditional and unconditional prompts, the shorter left-padded (a model
+    whose unconditional row may differ in length hides the padding in `prefill`)."""
+    n = max(len(cond), len(uncond))
+    return torch.stack([torch.nn.functional.pad(r, (n - len(r), 0), value=pad_id)
+                        for r in (cond, uncond)])
+
+
 class PerImageCacheSession(Session):
     """One cache per image holding its conditional (and unconditional) row.
 
-    The model supplies `unconditional(ids)`, `prefill(rows, cache) -> state` and
+    The model supplies `unconditional(ids)` (of any length: the shorter row is left-padded with
+    `pad_id`), `prefill(rows, cache) -> state` and
     `window_logits(inputs [rows, L], prompt_end [rows] or None, cache, state) -> [rows, L, vocab]`
     (`state` is whatever prefill returned for that image, e.g. a prompt attention mask).
     Before each window the image's cache is cropped to its committed prefix.
@@ -113,7 +122,8 @@ class PerImageCacheSession(Session):
         self.caches, self.prompt_len, self.last, self.state = [], [], [], []
         with torch.inference_mode():
             for ids in prompts:
-                rows = torch.stack([ids, model.unconditional(ids)]) if cfg else ids[None]
+                rows = _guidance_rows(ids, model.unconditional(ids), model.pad_id) if cfg \
+                    else ids[None]
                 cache = DynamicCache(config=model.text_config)
                 state = model.prefill(rows[:, :-1], cache) if rows.shape[1] > 1 else None
                 self.state.append(state)
