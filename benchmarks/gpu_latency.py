@@ -5,6 +5,9 @@
     python benchmarks/gpu_latency.py --model tiny --batches 1 --windows 4,auto --groups 2  # CPU
     python benchmarks/gpu_latency.py --device cpu --batches 1 --windows 32,64,128 --tree 4,6 \
         --cost-curve docs/trees/flat_curve.json      # trees, and the speed-up on a model curve
+    python benchmarks/gpu_latency.py --device cuda --model emu3 --random   # an adapter's tiny
+        # random checkpoint in its release's layout (janus, emu3, lumina-mgpt, llamagen)
+    python benchmarks/gpu_latency.py --device cuda --drafter shipped       # + a trained head
 
 For each batch size: ar, sjd (Gumbel verification and the ratio test) and csd (delta 0.35 /
 0.65 / 0.8) with the default drafting, at
@@ -16,7 +19,10 @@ compression, mean window) and, as its last line, a JSON of those speed-ups. --tr
 sjd and csd(0.65) with that candidate tree at each window (the window is then the tree's width
 budget). --cost-curve FILE ({"window": seconds}, window 0 an AR step) makes window=auto choose
 from that curve and adds the speed-up each decode would have on it (its forwards at their
-windows, against one AR step per token).
+windows, against one AR step per token). --random writes the adapter's tiny random checkpoint
+(models/random_checkpoints.py) to a temporary folder and times that, with its example prompts:
+every adapter's code path on the device, no weights to download. --drafter HEAD adds sjd and
+csd(0.65) with that trained draft head at each window.
 """
 
 from __future__ import annotations
@@ -39,7 +45,8 @@ RULES = [("sjd", {}), ("sjd", {"verify": "ratio"}), ("csd", {"delta": 0.35}),
 
 
 def label(method: str, opts: dict, window) -> str:  # noqa: ANN001
-    inner = ",".join([f"{k}={v}" for k, v in opts.items()] + [f"W={window}"])
+    inner = ",".join([f"{k}={'head' if k == 'drafter' else v}" for k, v in opts.items()]
+                     + [f"W={window}"])
     return f"{method}({inner})"
 
 
@@ -55,17 +62,36 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--repeats", type=int, default=1, help="seeds per group")
     p.add_argument("--groups", type=int, default=8, help="batches of different prompts")
     p.add_argument("--tree", default=None, metavar="K,D", help="add sjd and csd with this tree")
+    p.add_argument("--random", action="store_true",
+                   help="time the adapter's tiny random checkpoint (no --weights)")
+    p.add_argument("--drafter", default=None, metavar="HEAD",
+                   help="add sjd and csd(0.65) with this draft head ('shipped': builtin's)")
     p.add_argument("--cost-curve", default=None, metavar="FILE",
                    help="a cost curve for window=auto and the modelled speed-up column")
     args = p.parse_args(argv)
     curve = None if args.cost_curve is None else load_cost_curve(args.cost_curve)
     opts = {"device": args.device} | ({"dtype": args.dtype} if args.dtype else {})
-    model = sp.load_model(args.model, args.weights, **opts)
     source = args.prompts or ("builtin-set" if args.model == "builtin" else "classes")
+    if args.random:
+        import tempfile
+
+        from speculaas.models.random_checkpoints import write_random_checkpoint
+
+        ckpt = write_random_checkpoint(args.model, tempfile.mkdtemp(prefix="speculaas-random-"))
+        model = ckpt.load(**opts)
+        source = args.prompts or ckpt.prompts
+    else:
+        model = sp.load_model(args.model, args.weights, **opts)
     windows = [w if w == "auto" else int(w) for w in args.windows.split(",")]
     variants = [("ar", {}, 1)] + [(m, o, w) for w in windows for m, o in RULES]
     if args.tree:
         variants += [(m, {**o, "tree": args.tree}, w) for w in windows
+                     for m, o in (("sjd", {}), ("csd", {"delta": 0.65}))]
+    if args.drafter:
+        from speculaas.drafter.head import load_head
+
+        head = load_head(args.drafter, model)  # loaded once, refused here if not for `model`
+        variants += [(m, {**o, "drafter": head}, w) for w in windows
                      for m, o in (("sjd", {}), ("csd", {"delta": 0.65}))]
 
     def policy(w):  # noqa: ANN001, ANN202
@@ -78,7 +104,8 @@ def main(argv: list[str] | None = None) -> dict:
           f"{torch.get_num_threads()} threads")
     rows, speedups = [], {}
     for batch in (int(b) for b in args.batches.split(",")):
-        pool = load_prompts(source, batch * args.groups, args.model)
+        pool = (list(source) if isinstance(source, list)
+                else load_prompts(source, batch * args.groups, args.model))
         pool = (pool * (batch * args.groups))[: batch * args.groups]
         groups = [pool[g * batch : (g + 1) * batch] for g in range(args.groups)]
         for method, o, w in variants:  # warm-up: caches, kernels, the auto window's cost curve

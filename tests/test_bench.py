@@ -164,6 +164,10 @@ def test_latency_script_runs_on_cpu(capsys):
     assert json.loads(lines[-1]) == speedups
     assert speedups["ar@batch1"] == 1.0 and "csd(delta=0.65,W=auto)@batch2" in speedups
     assert sum("| sjd(W=4) |" in line for line in lines) == 2
+    for name in ("emu3", "llamagen"):  # an adapter's tiny random checkpoint, one window
+        speedups = script.main(["--model", name, "--random", "--device", "cpu", "--batches", "1",
+                                "--windows", "4", "--groups", "1"])
+        assert speedups["ar@batch1"] == 1.0 and "sjd(W=4)@batch1" in speedups
 
 
 def test_rows_benchmark_checks_its_targets():
