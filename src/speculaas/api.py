@@ -105,6 +105,7 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
              advance: str = "per_image", row_context: int | None = None,
              verify: str = "gumbel", tree: tuple | str | None = None,
              drafter=None, draft_depth: int | None = None,  # noqa: ANN001
+             head_blend: float = 0.5,
              progress=False, max_batch: int = 32,
              decode_images: bool = True, profile: bool = False, **options) -> GenerationOutput:
     """Generate one image per prompt with `method` (see METHODS); method options by name
@@ -128,9 +129,10 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
     chain). Same models as row_context; every rule keeps its law.
     drafter: a trained draft head for this model (a folder written by `speculaas
     train-drafter`, "shipped" for the built-in model's, or a loaded DraftHead) drafting
-    `draft_depth` slots at the head of every window from the target's own features; every rule
-    keeps its law (sjd still draws ar's tokens), and a head trained for other weights is
-    refused."""
+    `draft_depth` slots at the head of every window from the target's own features, its law
+    multiplied by the slot's stale law (the draft waiting there) to the power `head_blend`
+    (0: the head alone); every rule keeps its law (sjd still draws ar's tokens), and a head
+    trained for other weights is refused."""
     if not isinstance(model, ImageModel):
         hint = f"sp.load_model({model!r})" if isinstance(model, str) else "sp.load_model(NAME)"
         raise ValueError(f"model must be a loaded model ({hint}), got "
@@ -147,7 +149,8 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
     policy = window if isinstance(window, WindowPolicy) else None
     jacobi = JacobiConfig(window=policy.max_window if policy else window, draft_init=draft_init,
                           coupling=coupling, advance=advance, row_context=row_context,
-                          verify=verify, tree=tree, draft_depth=draft_depth)
+                          verify=verify, tree=tree, draft_depth=draft_depth,
+                          head_blend=head_blend)
     head = resolve_drafter(drafter, model) if rule is not None else None
     check_row_context(model, jacobi, speculative=rule is not None, policy=policy)
     if jacobi.tree is not None and rule is not None:
@@ -195,7 +198,8 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
                  **({"row_context": row_context} if row_context is not None else {}),
                  **({"tree": jacobi.tree} if jacobi.tree is not None else {}),
                  **({"drafter": head.head_id, "draft_depth": jacobi.draft_depth
-                     or head.cfg.depth} if head is not None else {}),
+                     or head.cfg.depth, "head_blend": jacobi.head_blend}
+                    if head is not None else {}),
                  **options, **vars(sampling)},
         sequence=res.tokens.cpu(),
         mean_window=res.mean_window.cpu(),

@@ -178,6 +178,9 @@ def add_decoding_flags(p: argparse.ArgumentParser) -> None:
                         "its law")
     p.add_argument("--draft-depth", type=int, default=None, metavar="N",
                    help="slots the draft head drafts per window (None: the head's default)")
+    p.add_argument("--head-blend", type=float, default=0.5, metavar="X",
+                   help="a head's law times the slot's stale law to the power X (0: the head "
+                        "alone)")
     p.add_argument("--temperature", type=float, default=None,
                    help="None: the model's default (1 for every adapter)")
     p.add_argument("--top-k", type=int, default=None,
@@ -208,7 +211,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
                       cfg_scale=args.cfg_scale, draft_init=args.draft_init,
                       coupling=args.coupling, row_context=args.row_context, progress=True,
                       verify=args.verify, tree=args.tree, drafter=args.drafter,
-                      draft_depth=args.draft_depth, **_rule_options(args))
+                      draft_depth=args.draft_depth, head_blend=args.head_blend,
+                      **_rule_options(args))
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     paths = [path] if len(prompts) == 1 else [

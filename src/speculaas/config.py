@@ -157,11 +157,14 @@ class JacobiConfig:
     verify: str = "gumbel"
     tree: tuple[int, int, int | None] | None = None
     draft_depth: int | None = None
+    head_blend: float = 0.5
 
     def __post_init__(self) -> None:
         if self.draft_depth is not None and not (is_integer(self.draft_depth)
                                                  and 1 <= self.draft_depth <= 64):
             raise ValueError(f"draft_depth must be an integer in 1..64, got {self.draft_depth!r}")
+        if not (is_number(self.head_blend) and 0 <= self.head_blend <= 8):
+            raise ValueError(f"head_blend must be a number in [0, 8], got {self.head_blend!r}")
         if self.tree is not None:
             object.__setattr__(self, "tree", parse_tree(self.tree))
             if self.row_context is not None:
@@ -206,7 +209,7 @@ class TrainConfig:
     unroll: int = 8
     width: int = 256
     blocks: int = 2
-    depth: int = 8
+    depth: int = 1
     holdout: float = 0.05
     seed: int = 0
     prior_prompts: int = 8

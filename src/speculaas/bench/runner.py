@@ -24,7 +24,8 @@ RESULTS_GLOB = "results.rank*.jsonl"
 # Options a variant may set besides its rule's own: what generate() takes per decode. Others
 # (seed, method, model, prompts, decode_images, profile, progress, max_batch) belong to the run.
 DECODE_OPTIONS = ("window", "draft_init", "coupling", "advance", "row_context", "verify",
-                  "tree", "drafter", "draft_depth", "temperature", "top_k", "top_p", "cfg_scale")
+                  "tree", "drafter", "draft_depth", "head_blend", "temperature", "top_k", "top_p",
+                  "cfg_scale")
 
 
 @dataclass(frozen=True)

@@ -261,27 +261,37 @@ COUPLINGS: dict[str, type[Coupling]] = {c.name: c for c in (Independent, Maximal
 
 
 
+def _product(head: torch.Tensor, stale: torch.Tensor, weight: float) -> torch.Tensor:
+    """head * stale ** weight, normalised (a product of experts; uniform where both vanish)."""
+    log = torch.log(head.clamp_min(1e-30)) + weight * torch.log(stale.clamp_min(1e-30))
+    return torch.softmax(log, -1)
+
+
 class HeadDrafter:
     """A trained draft head (drafter/head.py) at the head of each window: from the target's
     feature that decided an image's last committed position, a chain of `depth` steps drafts
     positions start .. start + depth - 1, each step fed the token the step before drafted.
 
     Each slot's law is the head's law mixed and warped as the target's is (guidance, top-k,
-    temperature, structural tokens): under Gumbel verification the draft is the argmax of that
-    law over the position's noise, under the ratio test a sample of it with the slot's fresh
-    uniform, and the declared law is that law. A step depends only on committed tokens and the
-    chain's earlier drafts, which are the committed tokens whenever its slot is reached, so
-    every rule keeps its law. Images with no feature yet (nothing committed) keep the loop's
+    temperature, structural tokens), times the law of the draft already waiting at the slot (the
+    target's own on a stale context, or the initialiser's) to the power `blend`, normalised:
+    the stale law knows the whole image, the head the token just committed. Under Gumbel
+    verification the draft is the argmax of that law over the position's noise, under the ratio
+    test a sample of it with the slot's fresh uniform, and the declared law is that law. A
+    step depends only on committed tokens, the waiting draft's declared law and the chain's
+    earlier drafts, which are the committed tokens whenever its slot is reached, so every rule
+    keeps its law. Images with no feature yet (nothing committed) keep the loop's
     own drafts. Memory: the last deciding feature per image (cond, and uncond with guidance).
     """
 
     feat_key, has_key = "head.feature", "head.has"
 
     def __init__(self, head, io, sampling, structural: tuple[int, ...], depth: int | None,  # noqa: ANN001
-                 ) -> None:
+                 blend: float = 0.0) -> None:
         self.head, self.io, self.sampling, self.structural = head, io, sampling, structural
         self.depth = head.cfg.depth if depth is None else depth
         self.stride = head.cfg.stride
+        self.blend = blend
         self.rows = 2 if sampling.uses_cfg else 1
         p = next(head.parameters())
         self.dtype, self.device = p.dtype, p.device
@@ -296,6 +306,7 @@ class HeadDrafter:
     def draft(self, memory: dict[str, torch.Tensor], img: torch.Tensor, start: torch.Tensor,
               committed: torch.Tensor, slots: int, noise: torch.Tensor | None,
               uniforms: torch.Tensor, forced: torch.Tensor | None,
+              stale: torch.Tensor | None = None,
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> tokens [b, D], laws [b, D, V] for slots 0 .. D - 1 (D = min(depth, slots)) and
         which images use them [b]. committed [B, >=T]: committed tokens by position; noise
@@ -320,6 +331,8 @@ class HeadDrafter:
             law = target_probs(logits[:, 0], logits[:, 1] if r == 2 else None, self.sampling,
                                self.structural, check=False)
             law = torch.nan_to_num(law, nan=1.0 / law.shape[-1])  # a head never breaks a decode
+            if stale is not None and self.blend > 0:
+                law = _product(law, stale[:, j], self.blend)
             tok = (gumbel_argmax(law, noise[:, j]) if noise is not None
                    else sample_with_uniform(law, uniforms[:, j]))
             if forced is not None:

@@ -55,7 +55,8 @@ class Loop:
         self.head = None
         if drafter is not None:  # a trained head drafts the head of every window
             self.head = HeadDrafter(drafter, model.draft_io(), sampling,
-                                    model.layout.structural, jacobi.draft_depth)
+                                    model.layout.structural, jacobi.draft_depth,
+                                    jacobi.head_blend)
         session.record_features = self.head is not None
         self.state = self.new_state(generators)
         self.finite = torch.ones((), dtype=torch.bool, device=dev)
@@ -132,7 +133,7 @@ class Loop:
                 t0 = time.perf_counter()
             hd, hdp, use = self.head.draft(s.memory, plan.img, plan.start, s.tokens, K,
                                            noise[:, :K] if self.gumbel else None,
-                                           u.fresh[:, :K], forced)
+                                           u.fresh[:, :K], forced, dp)
             D = hd.shape[1]
             d[:, :D] = torch.where(use[:, None], hd, d[:, :D])
             dp[:, :D] = torch.where(use[:, None, None], hdp, dp[:, :D])
@@ -198,7 +199,8 @@ def decode(model: ImageModel, session: Session, rule: AcceptanceRule, sampling: 
                          "cannot be combined with row_context yet")
     tag = curve_tag(session, sampling, rule, jacobi)
     if drafter is not None:
-        tag += f"/head={drafter.head_id}:{jacobi.draft_depth or drafter.cfg.depth}"
+        tag += (f"/head={drafter.head_id}:{jacobi.draft_depth or drafter.cfg.depth}"
+                f":{jacobi.head_blend:g}")
     costs = CurveSource(model, session.batch_size, sampling.uses_cfg, tag, learn=gumbel)
     if jacobi.row_context is not None:
         frontier: Frontier = Rows(model, int(jacobi.window), int(jacobi.row_context))

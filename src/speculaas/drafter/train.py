@@ -222,7 +222,11 @@ def fit(model: ImageModel, data: Data, sampling: SamplingConfig, cfg: TrainConfi
     n = data.meta["n"]
     held = max(1, int(n * cfg.holdout)) if cfg.holdout > 0 and n > 1 else 0
     train_n = n - held
-    settings = {"train": asdict(cfg), "head": asdict(hcfg), "data": data.meta}
+    # What decides the weights (not the use-time depth, the prior or the checkpoint interval).
+    use_time = ("depth", "prior_prompts", "checkpoint_every")
+    settings = {"train": {k: v for k, v in asdict(cfg).items() if k not in use_time},
+                "head": {k: v for k, v in asdict(hcfg).items() if k != "depth"},
+                "data": data.meta}
     ckpt_path, start, history = folder / CHECKPOINT, 0, []
     if ckpt_path.is_file():
         ckpt = torch.load(ckpt_path, map_location=model.device, weights_only=False)
@@ -306,8 +310,9 @@ def measure_prior(model: ImageModel, head: DraftHead, prompts: list, sampling: S
     for kind, method, opts in (("lossless", "sjd", {}), ("relaxed", "csd", {"delta": 0.65})):
         for w in PRIOR_WINDOWS:
             out = generate(model, prompts, method=method, seed=seeds, window=w, drafter=head,
-                           decode_images=False, temperature=sampling.temperature,
-                           top_k=sampling.top_k, top_p=sampling.top_p,
+                           draft_depth=head.cfg.depth, decode_images=False,
+                           temperature=sampling.temperature, top_k=sampling.top_k,
+                           top_p=sampling.top_p,
                            cfg_scale=sampling.cfg_scale, **opts)
             steps = out.forward_passes.float().mean().item()
             prior[kind][str(w)] = round(model.layout.length / steps, 3)
@@ -322,8 +327,7 @@ def train_drafter(model: ImageModel, out: str | Path, cfg: TrainConfig,
     train.pt there, for a resume)."""
     io = model.draft_io()
     if io is None:
-        raise ValueError(f"model {model.name!r} does not give a draft head its features "
-                         "(train-drafter runs on builtin and tiny)")
+        raise ValueError(f"model {model.name!r} does not give a draft head its features")
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     held_prompts = cfg.prior_prompts
