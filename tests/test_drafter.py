@@ -76,9 +76,13 @@ def test_sjd_with_a_head_on_the_builtin_model_and_row_ends():
     builtin = sp.load_model("builtin")
     prompts = ["a big red circle on the left over grass", "a small blue square on the right"]
     ar = sp.generate(builtin, prompts, method="ar", seed=[3, 4], decode_images=False)
-    out = sp.generate(builtin, prompts, method="sjd", seed=[3, 4], window=8,
-                      drafter=random_head(builtin), decode_images=False)
-    assert torch.equal(out.tokens, ar.tokens)
+    for head in (random_head(builtin), "shipped"):
+        out = sp.generate(builtin, prompts, method="sjd", seed=[3, 4], window=8, drafter=head,
+                          decode_images=False)
+        assert torch.equal(out.tokens, ar.tokens)
+    shipped = load_head("shipped", builtin)  # tied to these weights, with its measured prior
+    assert shipped.target["fingerprint"] == builtin.draft_io().fingerprint
+    assert shipped.target["prior"]["lossless"]["16"] > 1.5
     rows = sp.load_model("tiny", row_end=True, **TINY)  # forced tokens inside the chain
     ar = sp.generate(rows, [1, 2], method="ar", seed=[5, 6], decode_images=False)
     out = sp.generate(rows, [1, 2], method="sjd", seed=[5, 6], window=12,

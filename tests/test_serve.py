@@ -418,3 +418,45 @@ def test_sigterm_stops_the_server_cleanly():
             proc.kill()
     assert proc.returncode == 0, out
     assert "answered every one, exiting" in out
+
+
+def test_half_sent_and_silent_connections_are_closed_after_the_header_timeout():
+    """A client that sends part of a request head, or nothing, loses its socket after
+    --header-timeout; a kept-alive connection that starts a second request and stalls too; a
+    whole request is served as before."""
+    import socket
+    import time
+
+    import httpx
+    from conftest import start_serve
+
+    proc, url = start_serve("--model", "tiny", "--header-timeout", "1")
+    port = int(url.rsplit(":", 1)[1])
+
+    def closed_within(sock, seconds) -> bool:
+        sock.settimeout(seconds)
+        try:
+            while sock.recv(4096):  # a response to an earlier request may come first
+                pass
+            return True  # the server closed it
+        except TimeoutError:
+            return False
+        finally:
+            sock.close()
+
+    try:
+        half = socket.create_connection(("127.0.0.1", port))
+        half.sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        silent = socket.create_connection(("127.0.0.1", port))
+        kept = socket.create_connection(("127.0.0.1", port))
+        kept.sendall(f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+        time.sleep(0.5)
+        kept.sendall(b"GET /health HTTP/1.1\r\n")  # the next request, stalled
+        t0 = time.monotonic()
+        assert closed_within(half, 5) and closed_within(silent, 5) and closed_within(kept, 5)
+        assert time.monotonic() - t0 < 5
+        assert httpx.get(f"{url}/health", timeout=5).status_code == 200  # still serving
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    assert "sent no complete request head" in out

@@ -391,6 +391,9 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("--drafter", default=None, metavar="DIR",
                    help="a draft head for the model (a folder from train-drafter, or 'shipped' "
                         "for the built-in model's) drafting every speculative request")
+    v.add_argument("--header-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="close a connection whose request line and headers are not complete "
+                        "this long after it opened or after its last response")
 
     t = sub.add_parser("train-drafter", formatter_class=HELP,
                        help="train a draft head for a model by self-distillation (no data set)",
@@ -457,7 +460,8 @@ def main(argv: list[str] | None = None) -> None:
         elif args.command == "serve":
             from speculaas.serve.app import serve
             serve(args.model, args.host, args.port, args.weights, args.max_batch, args.queue,
-                  args.time_limit, args.warm_up, args.api_key, args.drafter)
+                  args.time_limit, args.warm_up, args.api_key, args.drafter,
+                  args.header_timeout)
         elif args.command == "demo":
             from speculaas.demo.app import serve
             serve(args.model, args.host, args.port, args.weights, args.drafter)

@@ -31,6 +31,7 @@ from PIL import Image
 from ..checks import is_integer, is_number
 from ..config import METHODS, RULE_DEFAULTS
 from .engine import LOG, Cancelled, Engine, QueueFull, Request, ShuttingDown
+from .http import HEADER_TIMEOUT_S, header_timeout_protocol
 
 MAX_N = 8
 MAX_PROMPT_CHARS = 1000
@@ -304,16 +305,20 @@ def create_app(engine: Engine, time_limit_s: float = TIME_LIMIT_S,  # noqa: ANN2
 def serve(model_name: str = "builtin", host: str = "127.0.0.1", port: int = 8000,
           weights: str | None = None, max_batch: int = 8, queue_size: int = 64,
           time_limit_s: float = TIME_LIMIT_S, warm_up_s: float = 120.0,
-          api_key: str | None = None, drafter: str | None = None) -> None:
+          api_key: str | None = None, drafter: str | None = None,
+          header_timeout_s: float = HEADER_TIMEOUT_S) -> None:
     """Serve until Ctrl-C; first measure the default setting's cost curves for at most
     `warm_up_s` seconds (0: none; /health answers 503 "warming_up" meanwhile). api_key (or
     $SPECULAAS_API_KEY): required of every generation call. drafter: a draft head folder (or
-    "shipped") drafting every speculative request."""
+    "shipped") drafting every speculative request. header_timeout_s: a connection's request
+    head must be complete this many seconds after it opens (or after its last response)."""
     import os
     import sys
 
     from ..models import load_model
 
+    if not 0 < header_timeout_s <= 3600:
+        raise ValueError(f"--header-timeout must be in (0, 3600] seconds, got {header_timeout_s}")
     if not time_limit_s > 0 or not warm_up_s >= 0:
         raise ValueError(f"--time-limit must be > 0 and --warm-up >= 0 seconds, got "
                          f"{time_limit_s}, {warm_up_s}")
@@ -339,15 +344,17 @@ def serve(model_name: str = "builtin", host: str = "127.0.0.1", port: int = 8000
     engine = Engine(model, max_batch=max_batch, queue_size=queue_size, drafter=head)
     warm = Request(prompt=None, method="sjd") if warm_up_s > 0 else None
     run_beside(engine, create_app(engine, time_limit_s, hosts, api_key), host, port, warm=warm,
-               warm_up_s=warm_up_s)
+               warm_up_s=warm_up_s, header_timeout_s=header_timeout_s)
 
 
 def run_beside(engine: Engine, app, host: str, port: int, banner: str | None = None,  # noqa: ANN001
-               warm: Request | None = None, warm_up_s: float = 120.0) -> None:
+               warm: Request | None = None, warm_up_s: float = 120.0,
+               header_timeout_s: float = HEADER_TIMEOUT_S) -> None:
     """The HTTP server on a thread, the engine on this (the main) thread, until Ctrl-C or the
     server stops (Engine.serve_forever says why the engine takes the main thread); uvicorn
     leaves signals alone off the main thread, so Ctrl-C interrupts the engine here. warm: the
-    setting whose cost curves the engine measures before it serves (Engine.warm_up)."""
+    setting whose cost curves the engine measures before it serves (Engine.warm_up).
+    header_timeout_s: a connection's request head must be complete within it (serve/http.py)."""
     import threading
 
     import uvicorn
@@ -359,7 +366,8 @@ def run_beside(engine: Engine, app, host: str, port: int, banner: str | None = N
         engine.drain(DRAIN_S)
 
     signal.signal(signal.SIGTERM, on_term)  # before the first request can arrive
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                           http=header_timeout_protocol(header_timeout_s)))
     thread = threading.Thread(target=server.run, name="speculaas-http", daemon=True)
     thread.start()
     while not server.started and thread.is_alive():
