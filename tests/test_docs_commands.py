@@ -116,7 +116,8 @@ def _runs_here(args: list[str]) -> bool:
     opts = dict(zip(args, args[1:], strict=False))
     return (args[:1] == ["generate"] and "--help" not in args
             and opts.get("--model", "builtin") in ("builtin", "tiny")
-            and opts.get("--device", "cpu") == "cpu" and "--weights" not in opts)
+            and opts.get("--device", "cpu") == "cpu" and "--weights" not in opts
+            and opts.get("--drafter", "shipped") == "shipped")  # else a head the reader trains
 
 
 class Parsed(Exception):  # noqa: N818 - a signal, not an error

@@ -210,6 +210,41 @@ def test_lanes_are_bounded_whatever_settings_clients_send(tiny):
     assert peak == 3 and len(engine.lanes) == 1  # three at once; one idle lane is kept
 
 
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/status"), reason="Linux /proc")
+def test_memory_stays_bounded_whatever_settings_clients_send():
+    """Each distinct setting (here the temperature's 4th decimal) needs a lane (KV rows and a
+    noise table: 8 MB for a 16 x 16 grid of 4096 codes): the engine's process memory stops
+    growing once its lanes are at their bound, where an engine that keeps every lane grows
+    with each one."""
+    model = sp.load_model("tiny", vocab_size=4096, grid=(16, 16), num_classes=4, d_model=32,
+                          n_layers=2, n_heads=2)
+
+    def growth(**bounds) -> tuple[float, int]:
+        engine = Engine(model, max_batch=2, **bounds)
+
+        def run(settings) -> None:
+            futures = [engine.submit(Request(prompt=1, seed=0, window=16,
+                                             temperature=1.0 + t / 10_000)) for t in settings]
+            while engine.run_once():
+                pass
+            assert all(f.result().forward_passes > 0 for f in futures)
+
+        run(range(4))  # warm: the bound's lanes exist, allocator pools are filled
+        before = _rss_mb()
+        run(range(4, 16))
+        return _rss_mb() - before, len(engine.lanes)
+
+    bounded, lanes = growth(idle_lanes=1, max_lanes=2)
+    unbounded, kept = growth(idle_lanes=64, max_lanes=64)  # the control: nothing is freed
+    assert lanes == 1 and kept == 16
+    assert bounded < 20 and unbounded > 60, (bounded, unbounded)
+
+
 def test_lanes_never_time_and_the_warm_up_measures_before_serving(tmp_path, monkeypatch, capsys):
     import json
 
