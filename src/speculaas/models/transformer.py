@@ -26,6 +26,17 @@ class DecoderConfig:
     max_len: int = 512
     rope_base: float = 10000.0
 
+    def __post_init__(self) -> None:
+        for k in ("vocab_in", "vocab_out", "d_model", "n_layers", "n_heads", "max_len"):
+            v = getattr(self, k)
+            if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+                raise ValueError(f"{k} must be an integer >= 1, got {v!r}")
+        if self.d_model % (2 * self.n_heads):
+            raise ValueError(f"d_model ({self.d_model}) must split into n_heads "
+                             f"({self.n_heads}) heads of an even width (rotary halves)")
+        if not (isinstance(self.rope_base, (int, float)) and self.rope_base > 1):
+            raise ValueError(f"rope_base must be a number > 1, got {self.rope_base!r}")
+
     def to_dict(self) -> dict:
         return asdict(self)
 

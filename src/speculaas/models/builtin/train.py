@@ -417,8 +417,18 @@ def _check_resume(cfg: TrainConfig, config_path: Path) -> None:
 
 
 def train(cfg: TrainConfig, out: Path) -> Path:
-    _check_out(out)
+    """The whole recipe at cfg.threads threads (the caller's count is restored after it: a
+    thread count changes float reductions, and with them every later decode's numerics)."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
+    try:
+        return _train(cfg, out)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(cfg: TrainConfig, out: Path) -> Path:
+    _check_out(out)
     config_path = out / "checkpoints" / "config.json"
     _check_resume(cfg, config_path)
     write_text(config_path, json.dumps(asdict(cfg), indent=2))
