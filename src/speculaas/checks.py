@@ -20,3 +20,12 @@ def is_number(value) -> bool:  # noqa: ANN001
 def is_integer(value) -> bool:  # noqa: ANN001
     """An integer of any width (Python or numpy), not a bool; floats such as 16.0 are not."""
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def check_positive_ints(obj, names, what: str = "") -> None:  # noqa: ANN001
+    """Each field `names` of a configuration `obj` is a Python int >= 1 (configurations written
+    to JSON and read back: no numpy ints, no bools); ValueError naming the first that is not."""
+    for k in names:
+        v = getattr(obj, k)
+        if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            raise ValueError(f"{what}{k} must be an integer >= 1, got {v!r}")

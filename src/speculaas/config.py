@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .checks import is_integer, is_number
+from .checks import check_positive_ints, is_integer, is_number
 
 METHODS = ("ar", "sjd", "csd", "gsd", "lantern", "amplify", "addition")
 # Adapter names of models/__init__.py (listed here so the CLI's help needs no torch).
@@ -216,12 +216,8 @@ class TrainConfig:
     checkpoint_every: int = 200
 
     def __post_init__(self) -> None:
-        ints = ("images", "batch", "steps", "chains", "unroll", "width", "blocks", "depth",
-                "checkpoint_every")
-        for k in ints:
-            v = getattr(self, k)
-            if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
-                raise ValueError(f"{k} must be an integer >= 1, got {v!r}")
+        check_positive_ints(self, ("images", "batch", "steps", "chains", "unroll", "width",
+                                   "blocks", "depth", "checkpoint_every"))
         if not (isinstance(self.prior_prompts, int) and self.prior_prompts >= 0):
             raise ValueError(f"prior_prompts must be an integer >= 0, got {self.prior_prompts!r}")
         if not (isinstance(self.lr, (int, float)) and 0 < self.lr < 1):

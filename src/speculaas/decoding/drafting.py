@@ -350,9 +350,8 @@ class HeadDrafter:
         committed position (`decider` [b], default its last kept slot) is where the next chain
         starts."""
         got = keep.any(1)
-        last = (keep.long() * torch.arange(1, keep.shape[1] + 1, device=keep.device)).argmax(1)
-        if decider is not None:
-            last = decider
+        last = decider if decider is not None else (
+            keep.long() * torch.arange(1, keep.shape[1] + 1, device=keep.device)).argmax(1)
         parts = [f for f in features if f is not None][: self.rows]
         feat = torch.stack([f[torch.arange(len(img), device=img.device), last] for f in parts], 1)
         old = memory[self.feat_key][img]

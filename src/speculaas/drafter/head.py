@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..checks import check_positive_ints
 from ..models.base import ImageModel
 
 WEIGHTS, RECORD, FORMAT = "head.safetensors", "head.json", "speculaas-draft-head/1"
@@ -42,9 +43,7 @@ class HeadConfig:
     depth: int = 4
 
     def __post_init__(self) -> None:
-        for k, v in asdict(self).items():
-            if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
-                raise ValueError(f"head config {k} must be an integer >= 1, got {v!r}")
+        check_positive_ints(self, asdict(self), "head config ")
 
 
 class DraftHead(nn.Module):

@@ -310,9 +310,8 @@ def measure_prior(model: ImageModel, head: DraftHead, prompts: list, sampling: S
     for kind, method, opts in (("lossless", "sjd", {}), ("relaxed", "csd", {"delta": 0.65})):
         for w in PRIOR_WINDOWS:
             out = generate(model, prompts, method=method, seed=seeds, window=w, drafter=head,
-                           draft_depth=head.cfg.depth, decode_images=False,
-                           temperature=sampling.temperature, top_k=sampling.top_k,
-                           top_p=sampling.top_p,
+                           decode_images=False, temperature=sampling.temperature,
+                           top_k=sampling.top_k, top_p=sampling.top_p,
                            cfg_scale=sampling.cfg_scale, **opts)
             steps = out.forward_passes.float().mean().item()
             prior[kind][str(w)] = round(model.layout.length / steps, 3)

@@ -95,6 +95,17 @@ class Session(ABC):
     record_features: bool = False
     features: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
+    def _split(self, out):  # noqa: ANN001, ANN202
+        """A forward's output over [cond rows; uncond rows] (logits, or (logits, features)
+        where recorded) -> (cond, uncond or None) logits, the features kept in `features`."""
+        if self.record_features:
+            out, feats = out
+            self.features = tuple(feats.chunk(2)) if self.cfg else (feats, None)
+        if self.cfg:
+            cond, uncond = out.chunk(2)
+            return cond, uncond
+        return out, None
+
     def context_length(self) -> int:
         """Tokens before the first image token (the longest prompt of the batch): part of what
         an iteration costs."""
@@ -272,16 +283,6 @@ class PrefixDecoderSession(Session):
         logits = self.decoder.forward_cached(ids, pos, self.cache, rows, span,
                                              features=self.record_features)
         return self._split(logits)
-
-    def _split(self, out):  # noqa: ANN001, ANN202
-        """(cond, uncond or None) logits; the features kept where recorded."""
-        if self.record_features:
-            out, feats = out
-            self.features = tuple(feats.chunk(2)) if self.cfg else (feats, None)
-        if self.cfg:
-            cond, uncond = out.chunk(2)
-            return cond, uncond
-        return out, None
 
     @torch.inference_mode()
     def forward_packed(self, inputs, pos, images, visible, window_mask, store, scratch=0):  # noqa: ANN001, ANN201, E501

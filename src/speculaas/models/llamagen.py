@@ -562,16 +562,6 @@ class _LlamaGenSession(Session):
                                       features=self.record_features)
         return self._split(out)
 
-    def _split(self, out):  # noqa: ANN001, ANN202
-        """(cond, uncond or None) logits; the features kept where recorded."""
-        if self.record_features:
-            out, feats = out
-            self.features = tuple(feats.chunk(2)) if self.cfg else (feats, None)
-        if self.cfg:
-            cond, uncond = out.chunk(2)
-            return cond, uncond
-        return out, None
-
     @torch.inference_mode()
     def forward_packed(self, inputs, pos, images, visible, window_mask, store, scratch=0):  # noqa: ANN001, ANN201, E501
         rows = torch.cat([images, images + self.batch_size]) if self.cfg else images

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..checks import check_positive_ints
+
 
 @dataclass(frozen=True)
 class DecoderConfig:
@@ -27,10 +29,8 @@ class DecoderConfig:
     rope_base: float = 10000.0
 
     def __post_init__(self) -> None:
-        for k in ("vocab_in", "vocab_out", "d_model", "n_layers", "n_heads", "max_len"):
-            v = getattr(self, k)
-            if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
-                raise ValueError(f"{k} must be an integer >= 1, got {v!r}")
+        check_positive_ints(self, ("vocab_in", "vocab_out", "d_model", "n_layers", "n_heads",
+                                   "max_len"))
         if self.d_model % (2 * self.n_heads):
             raise ValueError(f"d_model ({self.d_model}) must split into n_heads "
                              f"({self.n_heads}) heads of an even width (rotary halves)")
