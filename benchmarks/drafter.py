@@ -13,6 +13,9 @@ with the head's chain at `--head-cost` of an AR step per chain step (0.013: a 10
 and a 16,384-code output head over a 7B target, Janus-Pro's shape, memory-bound at batch 1).
 Part 2 (CPU latency, float32, batch 1 and 8): AR and window="auto" with and without the head,
 rounds interleaved, the median ratio to AR, and the head's share of the decode's time.
+Part 3 (--skip takes it too): how the head is used, sjd at window 16 on 16 more held-out
+captions: no head, and depth 1 / 2 / 4 with the head's law alone (head_blend 0) or times the
+waiting draft's (0.5).
 The last line is a JSON of every number printed.
 """
 
@@ -124,6 +127,26 @@ def part2(model, head, args) -> list[dict]:  # noqa: ANN001
     return rows
 
 
+def part3(model, head, args) -> list[dict]:  # noqa: ANN001
+    caps = builtin_set(args.captions + args.latency_captions + 16)[-16:]
+    seeds = list(range(100, 116))
+    rows = []
+    for depth, blend in [(None, None), (1, 0.0), (1, 0.5), (2, 0.0), (2, 0.5), (4, 0.0),
+                         (4, 0.5)]:
+        opts = {} if depth is None else {"drafter": head, "draft_depth": depth,
+                                         "head_blend": blend}
+        out = decode(model, caps, seeds, "sjd", {"window": 16, **opts}, images=False)
+        hist = out.accept_hist.sum(0).float()
+        row = {"depth": depth, "head_blend": blend,
+               "step_compression": round(float(out.step_compression.mean()), 2),
+               "single_token_share": round(float(hist[0] / hist.sum()), 3)}
+        rows.append(row)
+        print(f"| {depth or '-'} | {'-' if blend is None else blend} | "
+              f"{row['step_compression']:.2f}x | {100 * row['single_token_share']:.0f} % |",
+              flush=True)
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--head", default="shipped")
@@ -135,7 +158,7 @@ def main() -> None:
                    help="one chain step in AR steps of a 7B target on a GPU (flat curve)")
     p.add_argument("--latency-captions", type=int, default=8)
     p.add_argument("--latency-rounds", type=int, default=3)
-    p.add_argument("--skip", default="", help="part1 or part2")
+    p.add_argument("--skip", default="", help="parts to skip, e.g. part1,part3")
     args = p.parse_args()
     torch.manual_seed(0)
     np.random.seed(0)
@@ -144,14 +167,18 @@ def main() -> None:
     print(f"head {args.head} ({head.head_id}), depth {head.cfg.depth}; "
           f"{sum(x.numel() for x in head.parameters()) / 1e6:.2f} M parameters", flush=True)
     result = {"head": head.head_id, "depth": head.cfg.depth}
-    if args.skip != "part1":
+    skip = set(args.skip.split(","))
+    if "part1" not in skip:
         print("| variant | step compr. | single-token its | modelled GPU | fidelity | "
               "FID vs AR | KIDx1e3 vs AR | tokens = ar |\n|---|---|---|---|---|---|---|---|")
         result["compression"] = part1(model, head, args)
-    if args.skip != "part2":
+    if "part2" not in skip:
         print("\n| batch | variant | latency med (s) | speed-up vs AR | head % |\n"
               "|---|---|---|---|---|")
         result["latency"] = part2(model, head, args)
+    if "part3" not in skip:
+        print("\n| depth | head_blend | step compr. | single-token its |\n|---|---|---|---|")
+        result["use"] = part3(model, head, args)
     print(json.dumps(result))
 
 
