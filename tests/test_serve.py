@@ -211,6 +211,15 @@ def test_lanes_are_bounded_whatever_settings_clients_send(tiny):
 
 
 def _rss_mb() -> float:
+    """Resident memory after glibc hands freed heap pages back (malloc_trim): without the trim
+    RSS also counts freed memory the allocator keeps, which varied 36-190 MB between machines
+    for the same live lanes."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
 
@@ -242,7 +251,7 @@ def test_memory_stays_bounded_whatever_settings_clients_send():
     bounded, lanes = growth(idle_lanes=1, max_lanes=2)
     unbounded, kept = growth(idle_lanes=64, max_lanes=64)  # the control: nothing is freed
     assert lanes == 1 and kept == 10
-    assert bounded < 20 and unbounded > 60, (bounded, unbounded)
+    assert bounded < 10 and unbounded > 40, (bounded, unbounded)  # 7 lanes of ~8 MB
 
 
 def test_lanes_never_time_and_the_warm_up_measures_before_serving(tmp_path, monkeypatch, capsys):
