@@ -44,6 +44,63 @@ def test_requests_joining_mid_decode_draw_what_solo_calls_draw(tiny, method, win
     assert not torch.equal(futures[0].result().tokens, other.tokens[0])
 
 
+T_HOT = 8.0
+
+
+@pytest.fixture(scope="module", params=["llamagen", "janus", "emu3", "lumina-mgpt"])
+def adapter(request, tmp_path_factory):
+    from speculaas.models.random_checkpoints import write_random_checkpoint
+
+    ckpt = write_random_checkpoint(request.param, tmp_path_factory.mktemp(request.param))
+    return ckpt.load(), ckpt.prompts
+
+
+@pytest.mark.parametrize("window", [4, "auto"])
+def test_every_adapter_admits_requests_into_a_running_batch(adapter, window):
+    """Each real-model adapter's tiny checkpoint, with its recipe's guidance: a request joining
+    a running batch, and one taking over a finished request's row, draw what solo generate()
+    calls draw for their seeds (a high temperature: the random weights are sharp, and seeds
+    must draw different images for the comparison to mean anything)."""
+    model, prompts = adapter
+    engine = Engine(model, max_batch=2)
+    reqs = [Request(prompt=prompts[i % len(prompts)], seed=10 + i, window=window,
+                    temperature=T_HOT) for i in range(4)]
+    futures = [engine.submit(reqs[0])]
+    engine.run_once()
+    futures += [engine.submit(r) for r in reqs[1:]]  # one joins, two wait for a row
+    while engine.run_once():
+        pass
+    assert max(engine.batch_log) == 2
+    for r, f in zip(reqs, futures, strict=True):
+        solo = sp.generate(model, [r.prompt], method="sjd", seed=r.seed, window=window,
+                           temperature=T_HOT, decode_images=False)
+        assert torch.equal(f.result().tokens, solo.tokens[0]), (model.name, r.seed)
+    other = sp.generate(model, [reqs[0].prompt], method="ar", seed=99, temperature=T_HOT,
+                        decode_images=False)
+    assert not torch.equal(futures[0].result().tokens, other.tokens[0])
+
+
+def test_the_cli_serves_a_real_adapter(tmp_path):
+    """`speculaas serve --model llamagen` on a tiny LlamaGen checkpoint (its options as
+    --model-opt): the served image is the one generate() draws for the seed."""
+    import json
+
+    import httpx
+
+    from speculaas.models.random_checkpoints import write_random_checkpoint
+
+    ckpt = write_random_checkpoint("llamagen", tmp_path)
+    opts = [a for k, v in ckpt.options.items()
+            for a in ("--model-opt", f"{k}={json.dumps(v) if isinstance(v, dict) else v}")]
+    with serve_process("--model", "llamagen", "--weights", ckpt.path, *opts) as url:
+        r = httpx.post(f"{url}/v1/images/generations", timeout=60,
+                       json={"prompt": "3", "seed": 5, "temperature": T_HOT, "window": 4})
+    assert r.status_code == 200, r.text
+    served = Image.open(io.BytesIO(base64.b64decode(r.json()["data"][0]["b64_json"])))
+    solo = sp.generate(ckpt.load(), [3], method="sjd", seed=5, temperature=T_HOT)
+    assert served.tobytes() == solo.images[0].tobytes()
+
+
 def test_a_cancelled_request_frees_its_row_within_one_iteration(tiny):
     engine = Engine(tiny, max_batch=2)
     a, b, c = (Request(prompt=p, seed=s, window=2) for p, s in PROMPTS[:3])

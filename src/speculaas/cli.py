@@ -17,9 +17,12 @@ from .config import (
     VERIFY_MODES,
     TrainConfig,
 )
+from .prompting import parse_prompt
 
 # Adapters whose sessions record features (ImageModel.draft_io): the ones a head can run on.
 DRAFTER_MODELS = ("builtin", "tiny", "llamagen")
+# Adapters that admit requests into a running batch (ImageModel.admit): the ones a server runs.
+SERVE_MODELS = tuple(n for n in MODEL_NAMES if n != "toy")
 MAX_IMAGES = 10_000  # per CLI call; larger jobs belong in `speculaas bench` or a script
 
 
@@ -54,25 +57,6 @@ RULE_FLAGS = {  # flag -> option name of the acceptance rules
 }
 
 
-def _parse_prompt(model_name: str, text: str):  # noqa: ANN202
-    """'none' -> None; 'ids:1,2,3' -> token ids; a digit string -> class id (tiny, llamagen
-    c2i); 'FILE.pt' -> a tensor (LlamaGen t2i caption embeddings); anything else -> text."""
-    if text.lower() == "none":
-        return None
-    if text.startswith("ids:"):
-        try:
-            return [int(t) for t in text[4:].split(",") if t.strip()]
-        except ValueError:
-            raise ValueError(f"bad token ids in {text!r}; use ids:1,2,3") from None
-    if text.endswith(".pt") and Path(text).is_file():
-        import torch
-
-        return torch.load(text, map_location="cpu", weights_only=True)
-    if model_name in ("tiny", "llamagen") and text.isdigit():
-        return int(text)
-    if model_name == "tiny":
-        raise ValueError(f"the tiny model takes class ids as prompts, got {text!r}")
-    return text
 
 
 # Adapter options that have flags of their own (a --model-opt would clash or silently win).
@@ -93,7 +77,14 @@ def _model_options(args: argparse.Namespace) -> dict:
                              f"use that flag")
         if key in opts:
             raise ValueError(f"--model-opt {key} given twice")
-        if value.isdigit():
+        if value[:1] in "{[":  # a structured option (e.g. vq_config) as JSON
+            import json
+
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise ValueError(f"--model-opt {key}: bad JSON {value!r}") from None
+        elif value.isdigit():
             value = int(value)
         elif "," in value and all(v.strip().isdigit() for v in value.split(",")):
             value = tuple(int(v) for v in value.split(","))
@@ -199,7 +190,7 @@ def add_decoding_flags(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
-    prompts = [_parse_prompt(args.model, p) for p in args.prompt] * args.num_images
+    prompts = [parse_prompt(args.model, p) for p in args.prompt] * args.num_images
     _check_prompts_early(args, prompts)
     import speculaas as sp
     from speculaas.bench.maps import acceptance_figure
@@ -370,10 +361,13 @@ def main(argv: list[str] | None = None) -> None:
 
     v = sub.add_parser("serve", help="serve an OpenAI-style images API with continuous "
                                      "batching and speculation", formatter_class=HELP)
-    v.add_argument("--model", default="builtin", choices=("builtin", "tiny"), metavar="MODEL",
-                   help="builtin or tiny (adapters that can admit requests into a running "
-                        "batch)")
-    v.add_argument("--weights", default=None, help="local weights folder")
+    v.add_argument("--model", default="builtin", choices=SERVE_MODELS, metavar="MODEL",
+                   help=f"one of {', '.join(SERVE_MODELS)}")
+    v.add_argument("--weights", default=None, help="local weights folder or hub name")
+    v.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    v.add_argument("--dtype", default=None, help="e.g. bfloat16 (None: the weights' own)")
+    v.add_argument("--model-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="adapter option, e.g. vq=vq_ds16_c2i.pt, image_size=384, grid=48,48")
     v.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
     v.add_argument("--port", type=int, default=8000, help="port to serve on")
     v.add_argument("--max-batch", type=int, default=8,
@@ -461,7 +455,7 @@ def main(argv: list[str] | None = None) -> None:
             from speculaas.serve.app import serve
             serve(args.model, args.host, args.port, args.weights, args.max_batch, args.queue,
                   args.time_limit, args.warm_up, args.api_key, args.drafter,
-                  args.header_timeout)
+                  args.header_timeout, model_options=_model_options(args))
         elif args.command == "demo":
             from speculaas.demo.app import serve
             serve(args.model, args.host, args.port, args.weights, args.drafter)

@@ -205,8 +205,7 @@ class ImageModel(ABC):
     def admit(self, session: Session, rows: list[int], prompts: list) -> None:
         """Continuous batching: put `prompts` into rows `rows` of a running session (prefill
         them; the rows' earlier contents are forgotten). Adapters that cannot say so."""
-        raise ValueError(f"model {self.name!r} cannot admit requests into a running batch "
-                         "(continuous batching needs builtin or tiny)")
+        raise ValueError(f"model {self.name!r} cannot admit requests into a running batch")
 
     def check_prompts(self, prompts: list) -> None:  # noqa: B027 - optional hook
         """Raise ValueError if a prompt is not one this model can take (default: accept)."""

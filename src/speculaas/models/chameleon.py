@@ -21,9 +21,9 @@ import torch
 from PIL import Image
 
 from ..config import SamplingConfig
-from .base import ImageModel, Layout, Session, to_images
+from .base import ImageModel, Layout, to_images
 from .hf import (
-    PerImageCacheSession,
+    PerImageCacheModel,
     checkpoint_or_model,
     checkpoint_tensors,
     load_checkpoint,
@@ -63,7 +63,7 @@ def load_lumina(path: str, dtype):  # noqa: ANN001, ANN201
     return model.eval()
 
 
-class ChameleonModel(ImageModel):
+class ChameleonModel(PerImageCacheModel, ImageModel):
     name = "lumina-mgpt"
 
     def __init__(self, path: str | None = None, device: str | torch.device = "cpu",
@@ -151,9 +151,6 @@ class ChameleonModel(ImageModel):
         out = ids.clone()
         out[:boi] = self.pad_id
         return out
-
-    def start(self, prompts: list, *, cfg: bool) -> Session:
-        return PerImageCacheSession(self, [self._ids(p) for p in prompts], cfg)
 
     def prefill(self, rows: torch.Tensor, cache) -> torch.Tensor:  # noqa: ANN001
         """Returns the prompt's attention mask: the conditional row sees everything, the

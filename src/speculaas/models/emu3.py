@@ -20,8 +20,8 @@ import torch
 from PIL import Image
 
 from ..config import SamplingConfig
-from .base import ImageModel, Layout, Session, to_images
-from .hf import PerImageCacheSession, checkpoint_or_model, processor_for
+from .base import ImageModel, Layout, to_images
+from .hf import PerImageCacheModel, checkpoint_or_model, processor_for
 
 DEFAULTS = SamplingConfig(temperature=1.0, top_k=2048, top_p=None, cfg_scale=3.0)
 # Emu3's generation script appends this to every caption (its "positive prompt").
@@ -32,7 +32,7 @@ NEGATIVE_PROMPT = ("lowres, bad anatomy, bad hands, text, error, missing fingers
                    "artifacts, signature, watermark, username, blurry.")
 
 
-class Emu3Model(ImageModel):
+class Emu3Model(PerImageCacheModel, ImageModel):
     name = "emu3"
 
     def __init__(
@@ -132,9 +132,6 @@ class Emu3Model(ImageModel):
         out = ids.clone()
         out[1:boi] = self.pad_id
         return out
-
-    def start(self, prompts: list, *, cfg: bool) -> Session:
-        return PerImageCacheSession(self, [self._ids(p) for p in prompts], cfg)
 
     def prefill(self, rows: torch.Tensor, cache) -> torch.Tensor:  # noqa: ANN001
         """-> the prompt's attention mask. Rows of unequal prompts come left-padded

@@ -115,21 +115,34 @@ class PerImageCacheSession(Session):
     """
 
     def __init__(self, model, prompts: list[torch.Tensor], cfg: bool) -> None:  # noqa: ANN001
-        from transformers import DynamicCache
-
-        self.model = model
+        self.model, self.cfg = model, cfg
         self.batch_size = len(prompts)
         self.caches, self.prompt_len, self.last, self.state = [], [], [], []
-        with torch.inference_mode():
-            for ids in prompts:
-                rows = _guidance_rows(ids, model.unconditional(ids), model.pad_id) if cfg \
-                    else ids[None]
-                cache = DynamicCache(config=model.text_config)
-                state = model.prefill(rows[:, :-1], cache) if rows.shape[1] > 1 else None
-                self.state.append(state)
-                self.caches.append(cache)
-                self.prompt_len.append(rows.shape[1])
-                self.last.append(rows[:, -1])  # the prompt's last token opens the first window
+        for ids in prompts:
+            for part, value in zip((self.caches, self.state, self.prompt_len, self.last),
+                                   self._open(ids), strict=True):
+                part.append(value)
+
+    @torch.inference_mode()
+    def _open(self, ids: torch.Tensor | None) -> tuple:
+        """(cache, state, prompt length, last prompt tokens) of one image's prompt ids; None:
+        an empty row, waiting to be admitted (a server's batch before its requests come)."""
+        from transformers import DynamicCache
+
+        if ids is None:
+            return None, None, 0, None
+        model = self.model
+        rows = (_guidance_rows(ids, model.unconditional(ids), model.pad_id) if self.cfg
+                else ids[None])
+        cache = DynamicCache(config=model.text_config)
+        state = model.prefill(rows[:, :-1], cache) if rows.shape[1] > 1 else None
+        return cache, state, rows.shape[1], rows[:, -1]  # the last token opens the window
+
+    def admit(self, rows: list[int], prompts: list[torch.Tensor]) -> None:
+        """Continuous batching: images `rows` start over with new prompt ids (each image has
+        its own cache, so the others are untouched)."""
+        for i, ids in zip(rows, prompts, strict=True):
+            self.caches[i], self.state[i], self.prompt_len[i], self.last[i] = self._open(ids)
 
     def context_length(self) -> int:
         return max(self.prompt_len)
@@ -146,3 +159,16 @@ class PerImageCacheSession(Session):
             if len(logits) == 2:
                 uncond.append(logits[1])
         return torch.stack(cond), (torch.stack(uncond) if uncond else None)
+
+
+class PerImageCacheModel:
+    """What the transformers adapters share over PerImageCacheSession: `start` and `admit`
+    from the adapter's `_ids(prompt) -> prompt ids`. A None prompt (these models have no
+    unconditional generation; check_prompts refuses it) starts an empty row for `admit`."""
+
+    def start(self, prompts: list, *, cfg: bool) -> Session:
+        return PerImageCacheSession(self, [None if p is None else self._ids(p)
+                                           for p in prompts], cfg)
+
+    def admit(self, session: Session, rows: list[int], prompts: list) -> None:
+        session.admit(rows, [self._ids(p) for p in prompts])

@@ -20,13 +20,13 @@ import torch.nn.functional as F
 from PIL import Image
 
 from ..config import SamplingConfig
-from .base import ImageModel, Layout, Session, to_images
-from .hf import PerImageCacheSession, checkpoint_or_model, processor_for
+from .base import ImageModel, Layout, to_images
+from .hf import PerImageCacheModel, checkpoint_or_model, processor_for
 
 DEFAULTS = SamplingConfig(temperature=1.0, top_k=None, top_p=None, cfg_scale=5.0)
 
 
-class JanusModel(ImageModel):
+class JanusModel(PerImageCacheModel, ImageModel):
     name = "janus"
 
     def __init__(self, path: str | None = None, device: str | torch.device = "cpu",
@@ -88,9 +88,6 @@ class JanusModel(ImageModel):
     def unconditional(self, ids: torch.Tensor) -> torch.Tensor:
         keep = (ids == self.bos_id) | (ids == self.boi_id)
         return torch.where(keep, ids, torch.full_like(ids, self.pad_id))
-
-    def start(self, prompts: list, *, cfg: bool) -> Session:
-        return PerImageCacheSession(self, [self._ids(p) for p in prompts], cfg)
 
     def prefill(self, rows: torch.Tensor, cache) -> None:  # noqa: ANN001
         self.hf.model.language_model(inputs_embeds=self.hf.get_input_embeddings()(rows),

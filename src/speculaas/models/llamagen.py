@@ -496,6 +496,9 @@ class LlamaGenModel(ImageModel):
     def start(self, prompts: list, *, cfg: bool) -> Session:
         return _LlamaGenSession(self, self._conditions(prompts), cfg)
 
+    def admit(self, session: Session, rows: list[int], prompts: list) -> None:
+        session.admit(rows, self._conditions(prompts))
+
     def decode(self, tokens: torch.Tensor) -> list[Image.Image]:
         if self.vq is None:
             raise ValueError(
@@ -545,6 +548,24 @@ class _LlamaGenSession(Session):
 
     def context_length(self) -> int:
         return self.prefix
+
+    @torch.inference_mode()
+    def admit(self, rows: list[int], prompts: list) -> None:
+        """Continuous batching: images `rows` start over with new conditions (their condition
+        columns and, with CFG, their unconditional rows rewritten; generated columns are
+        overwritten as the new images advance)."""
+        gpt = self.gpt
+        idx = torch.tensor(rows, device=self.last.device)
+        emb, valid = gpt.condition(prompts, null=False)
+        if self.cfg:
+            null_emb, null_valid = gpt.condition(prompts, null=True)
+            idx = torch.cat([idx, idx + self.batch_size])
+            emb, valid = torch.cat([emb, null_emb]), torch.cat([valid, null_valid])
+        self.cache["valid"][idx, : valid.shape[1]] = valid
+        self.last[idx] = emb[:, -1:].to(self.last.dtype)
+        if self.prefix > 1:
+            pos = torch.arange(self.prefix - 1, device=emb.device).expand(len(idx), -1)
+            gpt.forward_cached(emb[:, :-1], pos, self.cache, idx)
 
     @torch.inference_mode()
     def forward(self, inputs, offset, images, max_offset=None):  # noqa: ANN001, ANN201

@@ -30,6 +30,7 @@ from PIL import Image
 
 from ..checks import is_integer, is_number
 from ..config import METHODS, RULE_DEFAULTS
+from ..prompting import parse_prompt
 from .engine import LOG, Cancelled, Engine, QueueFull, Request, ShuttingDown
 from .http import HEADER_TIMEOUT_S, header_timeout_protocol
 
@@ -243,9 +244,8 @@ def create_app(engine: Engine, time_limit_s: float = TIME_LIMIT_S,  # noqa: ANN2
                                  f"({engine.queue_size}); send at most {engine.queue_size} "
                                  "per call")
             scale = check_model_and_size(body, engine.model.name, native)
-            for r in reqs:
-                if engine.model.name == "tiny" and r.prompt.strip().isdigit():
-                    r.prompt = int(r.prompt)  # the tiny model's prompts are class ids
+            for r in reqs:  # class ids, ids:1,2,3 (no files: those are the server's)
+                r.prompt = parse_prompt(engine.model.name, r.prompt, files=False)
             # Building a rule can be heavy (lantern's neighbour table): off the event loop.
             await asyncio.to_thread(lambda: [engine.check(r) for r in reqs])
         except Refused as e:
@@ -306,12 +306,13 @@ def serve(model_name: str = "builtin", host: str = "127.0.0.1", port: int = 8000
           weights: str | None = None, max_batch: int = 8, queue_size: int = 64,
           time_limit_s: float = TIME_LIMIT_S, warm_up_s: float = 120.0,
           api_key: str | None = None, drafter: str | None = None,
-          header_timeout_s: float = HEADER_TIMEOUT_S) -> None:
+          header_timeout_s: float = HEADER_TIMEOUT_S, model_options: dict | None = None) -> None:
     """Serve until Ctrl-C; first measure the default setting's cost curves for at most
     `warm_up_s` seconds (0: none; /health answers 503 "warming_up" meanwhile). api_key (or
     $SPECULAAS_API_KEY): required of every generation call. drafter: a draft head folder (or
     "shipped") drafting every speculative request. header_timeout_s: a connection's request
-    head must be complete this many seconds after it opens (or after its last response)."""
+    head must be complete this many seconds after it opens (or after its last response).
+    model_options: the adapter's options (device, dtype, vq=, grid=, ...; load_model)."""
     import os
     import sys
 
@@ -333,7 +334,7 @@ def serve(model_name: str = "builtin", host: str = "127.0.0.1", port: int = 8000
         print(f"speculaas serve: warning: bound to {host}, beyond this machine, with no API key "
               "(--api-key or SPECULAAS_API_KEY): anyone who reaches it can use it",
               file=sys.stderr, flush=True)
-    model = load_model(model_name, weights)
+    model = load_model(model_name, weights, **(model_options or {}))
     from ..drafter.head import resolve_drafter
 
     head = resolve_drafter(drafter, model)
