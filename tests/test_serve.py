@@ -208,8 +208,11 @@ def test_the_server_answers_400_and_503_and_keeps_serving(server):
     assert bad.status_code == 400 and "'n'" in bad.json()["error"]["message"]
     bad = httpx.post(gen, content=b"{not json", headers={"content-type": "application/json"})
     assert bad.status_code == 400
-    more = httpx.post(gen, json={"prompt": "3", "n": 8})  # more than the queue of 3 can ever take
-    assert more.status_code == 400 and "at most 3 per call" in more.json()["error"]["message"]
+    more = httpx.post(gen, json={"prompt": ["3", "4"], "n": 8, "seed": 2, "window": 4},
+                      timeout=120)  # 16 images through a queue of 3: they enter as rows free
+    assert more.status_code == 200 and len(more.json()["data"]) == 16
+    too_many = httpx.post(gen, json={"prompt": ["3"] * 9, "n": 8})
+    assert too_many.status_code == 400 and "limit per call" in too_many.json()["error"]["message"]
     ok = httpx.post(gen, json={"prompt": "3", "seed": 1, "window": 4}, timeout=60)
     assert ok.status_code == 200
     stats = ok.json()["speculaas"][0]
@@ -404,8 +407,6 @@ def test_json_only_as_json_and_within_the_body_limit(app_client):
     deep = client.post(GEN, content=b"[" * 20_000 + b"]" * 20_000,
                        headers={"content-type": "application/json"})
     assert deep.status_code == 400 and "not valid JSON" in deep.json()["error"]["message"]
-    more = client.post(GEN, json={"prompt": "3", "n": 4})  # the queue holds 3
-    assert more.status_code == 400 and "queue" in more.json()["error"]["message"]
 
 
 def test_the_host_header_and_the_api_key_are_checked(app_client):
@@ -561,3 +562,57 @@ def test_half_sent_and_silent_connections_are_closed_after_the_header_timeout():
         proc.terminate()
         out, _ = proc.communicate(timeout=30)
     assert "sent no complete request head" in out
+
+
+def test_a_list_of_prompts_returns_prompts_times_n_images_in_order(app_client, tiny):
+    r = app_client().post(GEN, json={"prompt": ["1", "2"], "n": 2, "seed": 5, "window": 4})
+    assert r.status_code == 200, r.text
+    got = [Image.open(io.BytesIO(base64.b64decode(d["b64_json"]))) for d in r.json()["data"]]
+    want = [sp.generate(tiny, [p], method="sjd", seed=5 + i, window=4).images[0]
+            for i, p in enumerate([1, 1, 2, 2])]
+    assert [g.tobytes() for g in got] == [w.tobytes() for w in want]
+    assert got[0].tobytes() != got[1].tobytes()  # seeds 5 and 6: two different images
+
+
+def _events(text: str) -> list[dict]:
+    import json
+
+    return [json.loads(block.split("data: ", 1)[1]) for block in text.split("\n\n")
+            if block.startswith("event: ")]
+
+
+def test_a_streamed_request_sends_previews_then_the_image_it_would_have_sent(app_client):
+    client = app_client()
+    body = {"prompt": "3", "seed": 2, "window": 2}
+    plain = client.post(GEN, json=body).json()["data"][0]["b64_json"]
+    with client.stream("POST", GEN, json={**body, "stream": True, "partial_images": 2}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = _events(r.read().decode())
+    kinds = [e["type"] for e in events]
+    assert kinds == ["image_generation.partial_image"] * 2 + ["image_generation.completed"]
+    assert [e["partial_image_index"] for e in events[:2]] == [0, 1]
+    assert events[-1]["b64_json"] == plain and events[-1]["speculaas"]["forward_passes"] > 0
+    first = Image.open(io.BytesIO(base64.b64decode(events[0]["b64_json"]))).convert("RGB")
+    final = Image.open(io.BytesIO(base64.b64decode(plain))).convert("RGB")
+    assert first.size == final.size and first.tobytes() != final.tobytes()  # grey where open
+    assert first.getpixel((first.width - 1, first.height - 1)) == (128, 128, 128)
+    bad = client.post(GEN, json={**body, "partial_images": 1})
+    assert bad.status_code == 400 and "stream" in bad.json()["error"]["message"]
+
+
+def test_guided_images_count_two_rows_against_the_engine_budget():
+    guided = sp.load_model("tiny", vocab_size=12, grid=(3, 5), seed=0, cfg_scale=3.0)
+    engine = Engine(guided, max_batch=4, max_rows=4)  # two guided images at once, over lanes
+    reqs = [Request(prompt=p, seed=s, window=4, temperature=t)
+            for (p, s), t in zip(PROMPTS[:4], (1.0, 1.0, 0.9, 0.9), strict=True)]
+    futures = [engine.submit(r) for r in reqs]
+    rows = []
+    while engine.run_once():
+        rows.append(engine.rows_in_flight())
+    assert max(engine.batch_log) == 2 and max(rows) == 4
+    for r, f in zip(reqs, futures, strict=True):
+        solo = sp.generate(guided, [r.prompt], method="sjd", seed=r.seed, window=4,
+                           temperature=r.temperature, decode_images=False)
+        assert torch.equal(f.result().tokens, solo.tokens[0])
+    with pytest.raises(ValueError, match="2 sample rows"):
+        Engine(guided, max_rows=1).submit(Request(prompt=1))

@@ -372,6 +372,9 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("--port", type=int, default=8000, help="port to serve on")
     v.add_argument("--max-batch", type=int, default=8,
                    help="images decoded together per decode setting (1: one at a time)")
+    v.add_argument("--max-rows", type=int, default=None,
+                   help="sample rows in flight over all settings (an image under guidance is "
+                        "two rows; default: twice --max-batch)")
     v.add_argument("--queue", type=int, default=64, help="requests that may wait; more get 503")
     v.add_argument("--api-key", default=None,
                    help="require this key of every call (Authorization: Bearer KEY; or set "
@@ -455,7 +458,8 @@ def main(argv: list[str] | None = None) -> None:
             from speculaas.serve.app import serve
             serve(args.model, args.host, args.port, args.weights, args.max_batch, args.queue,
                   args.time_limit, args.warm_up, args.api_key, args.drafter,
-                  args.header_timeout, model_options=_model_options(args))
+                  args.header_timeout, model_options=_model_options(args),
+                  max_rows=args.max_rows)
         elif args.command == "demo":
             from speculaas.demo.app import serve
             serve(args.model, args.host, args.port, args.weights, args.drafter)

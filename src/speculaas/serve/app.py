@@ -31,10 +31,13 @@ from PIL import Image
 from ..checks import is_integer, is_number
 from ..config import METHODS, RULE_DEFAULTS
 from ..prompting import parse_prompt
-from .engine import LOG, Cancelled, Engine, QueueFull, Request, ShuttingDown
+from .engine import LOG, Cancelled, Completion, Engine, QueueFull, Request, ShuttingDown
 from .http import HEADER_TIMEOUT_S, header_timeout_protocol
 
-MAX_N = 8
+MAX_N = 8  # images per prompt
+MAX_PROMPTS = 16  # prompts per call
+MAX_IMAGES = 64  # images per call: they enter the engine as rows free up, not all at once
+MAX_PARTIAL = 3  # previews per streamed image (OpenAI's images API allows 0 to 3)
 MAX_PROMPT_CHARS = 1000
 TIME_LIMIT_S = 300.0
 DRAIN_S = 30.0  # on SIGTERM, how long running requests may take to finish
@@ -146,24 +149,42 @@ def _error(message: str, status: int, kind: str = "invalid_request_error",  # no
 
 def parse(body: object, default_method: str = "sjd",
           time_limit_s: float = TIME_LIMIT_S) -> list[Request]:
-    """The requests of one API call (n images, seeds seed .. seed + n - 1, each with
-    `time_limit_s` from now, queueing included), or ValueError."""
+    """The requests of one API call: n images of each prompt (one string or a list), in that
+    order, with seeds seed, seed + 1, ..., each with `time_limit_s` from now, queueing
+    included; or ValueError."""
     if not isinstance(body, dict):
         raise ValueError("the request body must be a JSON object")
-    known = ("prompt", "n", "response_format", *DECODE_FIELDS, *CHECKED, *IGNORED,
-             *RULE_OPTIONS)
+    known = ("prompt", "n", "response_format", "stream", "partial_images", *DECODE_FIELDS,
+             *CHECKED, *IGNORED, *RULE_OPTIONS)
     unknown = sorted(set(body) - set(known))
     if unknown:
         raise ValueError(f"unknown field(s) {unknown}; known: {', '.join(known)}")
-    prompt = body.get("prompt")
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise ValueError("'prompt' must be a non-empty string")
-    if len(prompt) > MAX_PROMPT_CHARS:
-        raise ValueError(f"'prompt' has {len(prompt)} characters; the limit is "
-                         f"{MAX_PROMPT_CHARS}")
+    prompts = body.get("prompt")
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    if not (isinstance(prompts, list) and 1 <= len(prompts) <= MAX_PROMPTS):
+        raise ValueError(f"'prompt' must be a string or a list of 1 to {MAX_PROMPTS} strings")
+    for prompt in prompts:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError("each 'prompt' must be a non-empty string")
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise ValueError(f"a 'prompt' has {len(prompt)} characters; the limit is "
+                             f"{MAX_PROMPT_CHARS}")
     n = body.get("n", 1)
     if not (is_integer(n) and 1 <= n <= MAX_N):
         raise ValueError(f"'n' must be an integer from 1 to {MAX_N}, got {n!r}")
+    if len(prompts) * n > MAX_IMAGES:
+        raise ValueError(f"{len(prompts)} prompts x n={n} is {len(prompts) * n} images; the "
+                         f"limit per call is {MAX_IMAGES}")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ValueError(f"'stream' must be true or false, got {stream!r}")
+    partial = body.get("partial_images", 0)
+    if not (is_integer(partial) and 0 <= partial <= MAX_PARTIAL):
+        raise ValueError(f"'partial_images' must be an integer from 0 to {MAX_PARTIAL}, got "
+                         f"{partial!r}")
+    if partial and not stream:
+        raise ValueError("'partial_images' needs 'stream': true")
     fmt = body.get("response_format", "b64_json")
     if fmt != "b64_json":
         raise ValueError(f"'response_format' must be 'b64_json' (this server keeps no image "
@@ -190,7 +211,82 @@ def parse(body: object, default_method: str = "sjd",
             raise ValueError(f"'{key}' must be a number, got {value!r}")
     deadline = time.monotonic() + time_limit_s
     return [Request(prompt=prompt, seed=int(seed) + i, method=method, window=window,
-                    options=options, deadline=deadline, **sampling) for i in range(n)]
+                    options=options, deadline=deadline, partial_images=partial, **sampling)
+            for i, prompt in enumerate(p for p in prompts for _ in range(n))]
+
+
+def _png(image: Image.Image, scale: int) -> str:
+    if scale != 1:
+        image = image.resize((image.width * scale, image.height * scale), Image.NEAREST)
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _stats(c: Completion) -> dict:
+    return {"forward_passes": c.forward_passes,
+            "step_compression": round(len(c.tokens) / c.forward_passes, 3),
+            "windows": {str(w): k for w, k in c.windows.items()},
+            "queue_s": round(c.queue_s, 4), "decode_s": round(c.decode_s, 4),
+            "warmup_s": round(c.warmup_s, 4), "mean_batch": round(c.mean_batch, 2)}
+
+
+class Call:
+    """The images of one API call on their way through the engine. They enter the engine's
+    queue as this call's earlier ones finish (at most `max_batch` at once), so a call of many
+    images spreads over iterations and shares the queue with other calls instead of filling
+    it; a client that leaves, or a time limit that runs out, cancels what is left."""
+
+    def __init__(self, engine: Engine, reqs: list[Request], http) -> None:  # noqa: ANN001
+        self.engine, self.reqs, self.http = engine, reqs, http
+        self.next, self.pending = 0, {}
+        self.done: list[Completion | None] = [None] * len(reqs)
+        self.on_done = None  # (request, completion) as each image finishes
+
+    def submit_more(self) -> None:
+        """Queue this call's next images while fewer than max_batch of them are in; QueueFull
+        only when none of them is (a full queue otherwise waits for our own to finish)."""
+        room = min(len(self.reqs) - self.next, self.engine.max_batch - len(self.pending))
+        if room <= 0:
+            return
+        try:
+            futures = self.engine.submit_many(self.reqs[self.next : self.next + room])
+        except QueueFull:
+            if self.next == 0:  # nothing of this call is in: refused (503)
+                raise
+            return  # run() tries again as ours finish (and stops if the server drains)
+        for future in futures:
+            self.pending[asyncio.wrap_future(future)] = self.next
+            self.next += 1
+
+    async def run(self) -> list[Completion]:
+        try:
+            while self.pending or self.next < len(self.reqs):
+                if not self.pending:  # the queue was full: try again shortly
+                    await asyncio.sleep(0.1)
+                    if self.engine.drain_until is not None:
+                        raise Cancelled("the server is shutting down")
+                    if time.monotonic() > self.reqs[self.next].deadline:
+                        raise Cancelled("its time limit ran out")
+                else:
+                    finished, _ = await asyncio.wait(self.pending, timeout=0.25,
+                                                     return_when=asyncio.FIRST_COMPLETED)
+                    for future in finished:
+                        index = self.pending.pop(future)
+                        self.done[index] = future.result()
+                        if self.on_done is not None:
+                            self.on_done(self.reqs[index], self.done[index])
+                if self.http is not None and await self.http.is_disconnected():
+                    raise Cancelled("the client left")
+                self.submit_more()
+        except BaseException:
+            self.cancel()
+            raise
+        return self.done
+
+    def cancel(self) -> None:
+        for r in self.reqs:
+            r.cancel()
 
 
 def create_app(engine: Engine, time_limit_s: float = TIME_LIMIT_S,  # noqa: ANN201
@@ -212,6 +308,7 @@ def create_app(engine: Engine, time_limit_s: float = TIME_LIMIT_S,  # noqa: ANN2
         running = sum(r is not None for lane in list(engine.lanes.values()) for r in lane.slots)
         body = {"status": "warming_up" if engine.warming else "ok", "model": engine.model.name,
                 "waiting": len(engine.waiting), "running": running,
+                "rows": engine.rows_in_flight(), "max_rows": engine.max_rows,
                 "max_batch": engine.max_batch, "queue_size": engine.queue_size}
         return JSONResponse(body, status_code=503 if engine.warming else 200)
 
@@ -239,65 +336,85 @@ def create_app(engine: Engine, time_limit_s: float = TIME_LIMIT_S,  # noqa: ANN2
             body = await read_json(request)
             reqs = parse(body, time_limit_s=time_limit_s)
             seen.update(n=len(reqs), method=reqs[0].method)
-            if len(reqs) > engine.queue_size:
-                raise ValueError(f"'n' is {len(reqs)}, more than this server's queue holds "
-                                 f"({engine.queue_size}); send at most {engine.queue_size} "
-                                 "per call")
             scale = check_model_and_size(body, engine.model.name, native)
             for r in reqs:  # class ids, ids:1,2,3 (no files: those are the server's)
                 r.prompt = parse_prompt(engine.model.name, r.prompt, files=False)
-            # Building a rule can be heavy (lantern's neighbour table): off the event loop.
-            await asyncio.to_thread(lambda: [engine.check(r) for r in reqs])
+            # Building a rule can be heavy (lantern's neighbour table): off the event loop,
+            # once per call (the images of a call share their setting).
+            await asyncio.to_thread(lambda: (
+                engine.check(reqs[0]), engine.model.check_prompts([r.prompt for r in reqs])))
         except Refused as e:
             return _error(str(e), e.status, code=e.code)
         except ModelNotFound as e:
             return _error(str(e), 404, code="model_not_found")
         except ValueError as e:
             return _error(str(e), 400)
-        if len(engine.waiting) + len(reqs) > engine.queue_size:
-            return _error("the server's queue is full; try again in a few seconds", 503,
-                          "server_busy")
-        futures = []
+        call = Call(engine, reqs, request)
         try:
-            for r in reqs:
-                futures.append(asyncio.wrap_future(engine.submit(r)))
+            call.submit_more()  # the first image enters the queue, or the call is refused
         except QueueFull as e:
-            for r in reqs:
-                r.cancel()
             message = (str(e) if isinstance(e, ShuttingDown)
                        else "the server's queue is full; try again in a few seconds")
             return _error(message, 503, "server_busy")
+        if body.get("stream", False):
+            from fastapi.responses import StreamingResponse
+
+            return StreamingResponse(_events(call, scale), media_type="text/event-stream")
         try:
-            pending = set(futures)
-            while pending:  # a client that leaves cancels its images
-                _, pending = await asyncio.wait(pending, timeout=0.25)
-                if pending and await request.is_disconnected():
-                    for r in reqs:
-                        r.cancel()
-            done = [f.result() for f in futures]
+            done = await call.run()
         except Cancelled as e:
-            for r in reqs:
-                r.cancel()
             return _error(f"stopped: {e}", 503, "server_busy")
         except ValueError as e:
             return _error(str(e), 400)
         except Exception as e:  # noqa: BLE001 - logged by the engine; the client hears why
             return _error(f"the server failed: {type(e).__name__}: {e}", 500, "server_error")
-        data, stats = [], []
-        for c in done:
-            buf = io.BytesIO()
-            image = c.image if scale == 1 else c.image.resize(
-                (c.image.width * scale, c.image.height * scale), Image.NEAREST)
-            image.save(buf, format="PNG")
-            data.append({"b64_json": base64.b64encode(buf.getvalue()).decode()})
-            n_tokens = len(c.tokens)
-            stats.append({"forward_passes": c.forward_passes,
-                          "step_compression": round(n_tokens / c.forward_passes, 3),
-                          "windows": {str(w): k for w, k in c.windows.items()},
-                          "queue_s": round(c.queue_s, 4), "decode_s": round(c.decode_s, 4),
-                          "warmup_s": round(c.warmup_s, 4),
-                          "mean_batch": round(c.mean_batch, 2)})
-        return {"created": int(time.time()), "data": data, "speculaas": stats}
+        return {"created": int(time.time()),
+                "data": [{"b64_json": _png(c.image, scale)} for c in done],
+                "speculaas": [_stats(c) for c in done]}
+
+    async def _events(call: Call, scale: int):  # noqa: ANN202
+        """Server-sent events as OpenAI's images API streams them: partial images
+        (image_generation.partial_image) while rows commit, then each image
+        (image_generation.completed); `image_index` (ours) says which image of the call."""
+        events: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def on_partial(req: Request, index: int, image: Image.Image) -> None:  # engine thread
+            loop.call_soon_threadsafe(events.put_nowait, ("partial", req, index, image))
+
+        for r in call.reqs:
+            r.on_partial = on_partial
+        call.on_done = lambda req, c: events.put_nowait(("done", req, 0, c))
+        task = asyncio.ensure_future(call.run())
+        position = {id(r): i for i, r in enumerate(call.reqs)}
+        try:
+            while not (task.done() and events.empty()):
+                try:
+                    kind, req, index, item = await asyncio.wait_for(events.get(), 0.25)
+                except TimeoutError:
+                    continue
+                data = {"created_at": int(time.time()), "image_index": position[id(req)],
+                        "output_format": "png"}
+                if kind == "partial":
+                    image = item
+                    data.update(type="image_generation.partial_image", partial_image_index=index,
+                                b64_json=_png(image, scale))
+                else:
+                    image = item.image
+                    data.update(type="image_generation.completed", b64_json=_png(image, scale),
+                                speculaas=_stats(item))
+                data["size"] = f"{image.width * scale}x{image.height * scale}"
+                yield f"event: {data['type']}\ndata: {json.dumps(data)}\n\n"
+            task.result()
+        except Exception as e:  # noqa: BLE001 - the stream ends with the error, not silence
+            message = (f"stopped: {e}" if isinstance(e, Cancelled)
+                       else str(e) if isinstance(e, ValueError)
+                       else f"the server failed: {type(e).__name__}: {e}")
+            error = {"type": "error", "error": {"message": message, "type": "server_error"}}
+            yield f"event: error\ndata: {json.dumps(error)}\n\n"
+        finally:
+            task.cancel()
+            call.cancel()
 
     return app
 
@@ -306,13 +423,15 @@ def serve(model_name: str = "builtin", host: str = "127.0.0.1", port: int = 8000
           weights: str | None = None, max_batch: int = 8, queue_size: int = 64,
           time_limit_s: float = TIME_LIMIT_S, warm_up_s: float = 120.0,
           api_key: str | None = None, drafter: str | None = None,
-          header_timeout_s: float = HEADER_TIMEOUT_S, model_options: dict | None = None) -> None:
+          header_timeout_s: float = HEADER_TIMEOUT_S, model_options: dict | None = None,
+          max_rows: int | None = None) -> None:
     """Serve until Ctrl-C; first measure the default setting's cost curves for at most
     `warm_up_s` seconds (0: none; /health answers 503 "warming_up" meanwhile). api_key (or
     $SPECULAAS_API_KEY): required of every generation call. drafter: a draft head folder (or
     "shipped") drafting every speculative request. header_timeout_s: a connection's request
     head must be complete this many seconds after it opens (or after its last response).
-    model_options: the adapter's options (device, dtype, vq=, grid=, ...; load_model)."""
+    model_options: the adapter's options (device, dtype, vq=, grid=, ...; load_model).
+    max_rows: sample rows in flight (a guided image is two; default 2 x max_batch)."""
     import os
     import sys
 
@@ -328,6 +447,8 @@ def serve(model_name: str = "builtin", host: str = "127.0.0.1", port: int = 8000
     if not (1 <= max_batch <= MAX_BATCH and 1 <= queue_size <= MAX_QUEUE):
         raise ValueError(f"--max-batch must be from 1 to {MAX_BATCH} and --queue from 1 to "
                          f"{MAX_QUEUE}, got {max_batch}, {queue_size}")
+    if max_rows is not None and not 1 <= max_rows <= 2 * MAX_BATCH:
+        raise ValueError(f"--max-rows must be from 1 to {2 * MAX_BATCH}, got {max_rows}")
     api_key = api_key or os.environ.get("SPECULAAS_API_KEY") or None
     hosts = allowed_hosts(host, port)
     if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
@@ -342,7 +463,8 @@ def serve(model_name: str = "builtin", host: str = "127.0.0.1", port: int = 8000
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
     LOG.addHandler(handler)  # the engine's errors and, below it, the access log
     LOG.setLevel(logging.INFO)
-    engine = Engine(model, max_batch=max_batch, queue_size=queue_size, drafter=head)
+    engine = Engine(model, max_batch=max_batch, queue_size=queue_size, drafter=head,
+                    max_rows=max_rows)
     warm = Request(prompt=None, method="sjd") if warm_up_s > 0 else None
     run_beside(engine, create_app(engine, time_limit_s, hosts, api_key), host, port, warm=warm,
                warm_up_s=warm_up_s, header_timeout_s=header_timeout_s)

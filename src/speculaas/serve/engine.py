@@ -24,6 +24,7 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 
@@ -88,6 +89,8 @@ class Request:
     coupling: str = DEFAULT_COUPLING
     draft_init: str = DEFAULT_DRAFT_INIT
     deadline: float | None = None  # time.monotonic() after which it is cancelled
+    partial_images: int = 0  # previews to send while it decodes (at even shares of its tokens)
+    on_partial: Callable[[Request, int, Image.Image], None] | None = None  # engine thread
     future: Future = field(default_factory=Future)
     submitted: float = field(default_factory=time.monotonic)
     started: float | None = None
@@ -96,6 +99,7 @@ class Request:
     first_iteration: int = 0
     warmup_s: float = 0.0  # of queue_s: waiting while the server measured its cost curves
     cancelled: threading.Event = field(default_factory=threading.Event)
+    partials_sent: int = 0
 
     def lane_key(self) -> tuple:
         return (self.method, tuple(sorted(self.options.items())), self.window,
@@ -171,6 +175,20 @@ class BatchWindow(WindowPolicy):
         return self._table[active.sum()]
 
 
+def preview(model: ImageModel, tokens: torch.Tensor, committed: int) -> Image.Image:
+    """The picture of a decode in progress: `tokens` [length] decoded with its first
+    `committed` positions final and every image cell after them grey."""
+    lay = model.layout
+    seq = tokens.clamp(0, model.vocab_size - 1)[None]
+    image = model.decode(seq)[0]
+    final = (torch.arange(seq.shape[1], device=seq.device) < committed)[None]
+    cells = lay.image_tokens(final)[0].reshape(lay.grid[0], lay.grid[1])
+    mask = Image.fromarray((cells.cpu().numpy() * 255).astype("uint8")).resize(
+        image.size, Image.NEAREST)
+    return Image.composite(image, Image.new(image.mode, image.size, (128,) * len(image.mode)),
+                           mask)
+
+
 def batch_buckets(capacity: int) -> list[int]:
     """The batch sizes whose cost curves window="auto" reads: powers of two up to `capacity`,
     and `capacity` itself."""
@@ -208,9 +226,12 @@ class Lane:
     """One decode setting's rows: a loop over a session of `capacity` rows; drafter: the
     engine's draft head, drafting every speculative lane's windows."""
 
-    def __init__(self, model: ImageModel, req: Request, capacity: int, drafter=None) -> None:  # noqa: ANN001
-        self.model, self.capacity = model, capacity
+    def __init__(self, model: ImageModel, req: Request, max_batch: int, max_rows: int,
+                 drafter=None) -> None:  # noqa: ANN001
+        self.model = model
         self.rule, self.sampling, jacobi, auto = lane_setting(model, req)
+        self.row_cost = 2 if self.sampling.uses_cfg else 1  # a guided image is two rows
+        self.capacity = capacity = min(max_batch, max_rows // self.row_cost)
         self.session = model.start([None] * capacity, cfg=self.sampling.uses_cfg)
         head = drafter if req.method != "ar" else None
         tag = lane_tag(self.session, self.rule, self.sampling, jacobi, head)
@@ -229,6 +250,10 @@ class Lane:
 
     def busy(self) -> bool:
         return any(r is not None for r in self.slots)
+
+    def rows(self) -> int:
+        """Sample rows in flight: images, and their unconditional rows under guidance."""
+        return self.row_cost * sum(r is not None for r in self.slots)
 
     def admit(self, row: int, req: Request) -> None:
         """Start `req` in free row `row`; if that fails, the row stays free (and retired)."""
@@ -249,6 +274,23 @@ class Lane:
         self.loop.state.retire([row])
         return req
 
+    def _previews(self, done: list[bool]) -> None:
+        """Send each streaming request the previews it is due: preview k (of P) once
+        (k + 1) / (P + 1) of its tokens are committed; the picture so far, the rest grey."""
+        state = self.loop.state
+        counts = state.count.tolist()
+        for row, req in enumerate(self.slots):
+            if req is None or not req.on_partial or done[row]:
+                continue
+            due = min(req.partial_images, counts[row] * (req.partial_images + 1) // state.length)
+            while req.partials_sent < due:
+                image = preview(self.model, state.tokens[row, : state.length], counts[row])
+                try:
+                    req.on_partial(req, req.partials_sent, image)
+                except Exception:  # noqa: BLE001 - a listener's failure is not the decode's
+                    LOG.exception("sending a preview failed")
+                req.partials_sent += 1
+
     def step(self) -> list[tuple[Request, Completion]]:
         """One iteration of every image in the lane; -> the requests it finished."""
         active = [r for r in self.slots if r is not None]
@@ -261,6 +303,8 @@ class Lane:
         state, lay = self.loop.state, self.model.layout
         grid = (lay.grid[0], lay.grid[1])
         done = (state.count >= state.length).tolist()
+        if any(r is not None and r.partial_images and r.on_partial for r in self.slots):
+            self._previews(done)
         out = []
         for row, req in enumerate(self.slots):
             if req is None or not done[row]:
@@ -288,6 +332,11 @@ class Lane:
 class Engine:
     """Continuous batching over lanes (one per decode setting), `max_batch` images per lane.
 
+    Work is counted in sample rows (an image under classifier-free guidance is two, its
+    conditional and unconditional row): at most `max_rows` are in flight over all lanes (by
+    default twice max_batch, so that images alone bound a lane), and a lane holds at most
+    min(max_batch, max_rows // rows per image) images.
+
     submit() queues a request (QueueFull beyond `queue_size` waiting) and returns its Future;
     a background thread (start()) or run_once() calls admit waiting requests where their lane
     has a free row, drop cancelled or expired ones, and step every busy lane once. A future
@@ -297,11 +346,14 @@ class Engine:
     max_lanes sessions of max_batch rows whatever settings clients send."""
 
     def __init__(self, model: ImageModel, max_batch: int = 8, queue_size: int = 64,
-                 idle_lanes: int = 2, max_lanes: int = 4, drafter=None) -> None:  # noqa: ANN001
-        if max_batch < 1 or queue_size < 1:
-            raise ValueError(f"max_batch and queue_size must be >= 1, got {max_batch}, "
-                             f"{queue_size}")
+                 idle_lanes: int = 2, max_lanes: int = 4, drafter=None,  # noqa: ANN001
+                 max_rows: int | None = None) -> None:
+        max_rows = 2 * max_batch if max_rows is None else max_rows
+        if max_batch < 1 or queue_size < 1 or max_rows < 1:
+            raise ValueError(f"max_batch, max_rows and queue_size must be >= 1, got "
+                             f"{max_batch}, {max_rows}, {queue_size}")
         self.model, self.max_batch, self.queue_size = model, max_batch, queue_size
+        self.max_rows = max_rows
         self.drafter = drafter  # a draft head (drafter/head.py) for every speculative lane
         self.idle_lanes = idle_lanes  # lanes kept without requests (KV rows, noise table)
         self.max_lanes = max(1, max_lanes)  # lanes at once: requests of a new setting wait
@@ -317,7 +369,7 @@ class Engine:
 
     def warm_up(self, req: Request, budget_s: float = 120.0) -> None:
         """Measure, before serving, the cost curves that window="auto" lanes of `req`'s setting
-        read (batch sizes at powers of two up to max_batch; cached on disk, so a restart on the
+        read (batch sizes at powers of two up to a lane's; cached on disk, so a restart on the
         same machine reads them). Bounded: sizes not reached within `budget_s` use the device
         kind's reference curve. Requests submitted meanwhile wait in the queue."""
         self.warming = True
@@ -326,7 +378,8 @@ class Engine:
             if not auto:
                 return
             deadline = time.monotonic() + budget_s
-            for b in batch_buckets(self.max_batch):
+            capacity = min(self.max_batch, self.max_rows // (2 if sampling.uses_cfg else 1))
+            for b in batch_buckets(capacity):
                 if time.monotonic() > deadline:
                     print(f"speculaas: warm-up stopped after {budget_s:.0f} s; batch sizes from "
                           f"{b} on use the reference cost curve", file=sys.stderr, flush=True)
@@ -342,8 +395,15 @@ class Engine:
         """The ValueError a request would meet (bad method, options, prompt) before queueing."""
         self.model.check_prompts([req.prompt])
         build_rule(self.model, req.method, **req.options)
-        resolve_sampling(self.model, req.temperature, req.top_k, req.top_p, req.cfg_scale)
+        sampling = resolve_sampling(self.model, req.temperature, req.top_k, req.top_p,
+                                    req.cfg_scale)
         JacobiConfig(window=req.window, coupling=req.coupling, draft_init=req.draft_init)
+        if sampling.uses_cfg and self.max_rows < 2:
+            raise ValueError("an image under guidance takes 2 sample rows (conditional and "
+                             f"unconditional); this server runs {self.max_rows} at once")
+
+    def rows_in_flight(self) -> int:
+        return sum(lane.rows() for lane in list(self.lanes.values()))
 
     def submit(self, req: Request) -> Future:
         self.check(req)
@@ -355,6 +415,20 @@ class Engine:
             self.waiting.append(req)
             self.wake.notify()
         return req.future
+
+    def submit_many(self, reqs: list[Request]) -> list[Future]:
+        """Queue as many of `reqs` as the queue has room for, in one step (the engine sees
+        them together), and return their futures; QueueFull when none fits. The caller has
+        checked them (check()): the images of one API call share their setting."""
+        if self.drain_until is not None:
+            raise ShuttingDown("the server is shutting down")
+        with self.wake:
+            room = self.queue_size - len(self.waiting)
+            if room <= 0:
+                raise QueueFull(f"{len(self.waiting)} requests are waiting already")
+            self.waiting.extend(reqs[:room])
+            self.wake.notify()
+        return [r.future for r in reqs[:room]]
 
     def _expired(self, req: Request, now: float) -> bool:
         if req.cancelled.is_set() or req.future.cancelled():
@@ -376,7 +450,7 @@ class Engine:
             self.waiting = collections.deque(r for r in self.waiting
                                              if not self._expired(r, now))
             queue = list(self.waiting)
-        admitted = []
+        admitted, rows = [], self.rows_in_flight()
         for req in queue:
             key = req.lane_key()
             lane = self.lanes.get(key)
@@ -388,7 +462,7 @@ class Engine:
             if lane is None:
                 try:
                     lane = self.lanes[key] = Lane(self.model, req, self.max_batch,
-                                                  self.drafter)
+                                                  self.max_rows, self.drafter)
                 except Exception as e:  # noqa: BLE001 - this request fails, with its cause
                     if not isinstance(e, ValueError):
                         LOG.exception("building a lane for %s failed", key)
@@ -397,11 +471,12 @@ class Engine:
                     continue
             self.lanes[key] = self.lanes.pop(key)  # most recently used last
             free = lane.free()
-            if free:
+            if free and rows + lane.row_cost <= self.max_rows:
                 if self.warm_end is not None:
                     req.warmup_s = max(0.0, min(self.warm_end, time.monotonic()) - req.submitted)
                 try:
                     lane.admit(free[0], req)
+                    rows += lane.row_cost
                 except Exception as e:  # noqa: BLE001 - this request fails, the others go on
                     LOG.exception("admitting a request failed")
                     _settle(req.future, error=e)
