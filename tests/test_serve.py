@@ -616,3 +616,27 @@ def test_guided_images_count_two_rows_against_the_engine_budget():
         assert torch.equal(f.result().tokens, solo.tokens[0])
     with pytest.raises(ValueError, match="2 sample rows"):
         Engine(guided, max_rows=1).submit(Request(prompt=1))
+
+
+def test_prometheus_metrics_count_what_the_engine_did(app_client, tiny):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    client = app_client()
+    ok = client.post(GEN, json={"prompt": ["1", "2"], "seed": 0, "window": 4})
+    assert ok.status_code == 200
+    assert client.post(GEN, json={"prompt": "3", "method": "fast"}).status_code == 400
+    r = client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(r.text) for s in f.samples}
+    stats = ok.json()["speculaas"]
+    tokens = 2 * tiny.layout.length  # every position of both images (grid 3 x 5)
+    assert samples[("speculaas_committed_tokens_total", ())] == tokens
+    # each image stepped once per forward pass it spent
+    assert samples[("speculaas_image_forwards_total", ())] == sum(
+        s["forward_passes"] for s in stats)
+    assert samples[("speculaas_requests_total", (("outcome", "ok"),))] == 2
+    assert samples[("speculaas_requests_total", (("outcome", "rejected"),))] == 1
+    assert samples[("speculaas_queue_length", ())] == 0
+    assert samples[("speculaas_step_compression_count", ())] == 2
+    assert samples[("speculaas_iteration_seconds_count", ())] > 0

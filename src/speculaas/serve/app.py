@@ -8,6 +8,8 @@
                                   "top_p", "cfg_scale"}
         -> {"created": ..., "data": [{"b64_json": PNG}], "speculaas": [per-image statistics]}
     GET  /health                 -> {"status": "ok" | "warming_up" (503), "waiting": ..., ...}
+    GET  /metrics                -> Prometheus metrics (queue, rows in flight, committed tokens
+                                    per image forward, iteration time, images by outcome)
 
 Bad requests get 400 with OpenAI's error shape ({"error": {"message", "type", "code"}}), an
 unknown model 404 model_not_found, a full queue 503 (Retry-After); a request whose client
@@ -312,6 +314,15 @@ def create_app(engine: Engine, time_limit_s: float = TIME_LIMIT_S,  # noqa: ANN2
                 "max_batch": engine.max_batch, "queue_size": engine.queue_size}
         return JSONResponse(body, status_code=503 if engine.warming else 200)
 
+    @app.get("/metrics")
+    def metrics():  # noqa: ANN202
+        """Prometheus exposition of the engine's metrics (serve/metrics.py)."""
+        from fastapi.responses import Response
+
+        from .metrics import CONTENT_TYPE
+
+        return Response(engine.metrics.render(), media_type=CONTENT_TYPE)
+
     @app.post("/v1/images/generations")
     async def generations(request: HTTPRequest):  # noqa: ANN202
         """One line in the access log per call: its id (also the x-request-id header), status,
@@ -322,6 +333,8 @@ def create_app(engine: Engine, time_limit_s: float = TIME_LIMIT_S,  # noqa: ANN2
         response = await _generate(request, seen)
         if isinstance(response, dict):
             response = JSONResponse(response)
+        if response.status_code >= 400 and "queued" not in seen:
+            engine.metrics.requests.labels("rejected").inc(seen.get("n", 1))
         line = (f"{rid} {response.status_code} n={seen.get('n', '-')} "
                 f"method={seen.get('method', '-')} {time.monotonic() - t0:.2f}s")
         if response.status_code >= 400:
@@ -356,6 +369,7 @@ def create_app(engine: Engine, time_limit_s: float = TIME_LIMIT_S,  # noqa: ANN2
             message = (str(e) if isinstance(e, ShuttingDown)
                        else "the server's queue is full; try again in a few seconds")
             return _error(message, 503, "server_busy")
+        seen["queued"] = True  # from here on the engine counts each image's outcome
         if body.get("stream", False):
             from fastapi.responses import StreamingResponse
 

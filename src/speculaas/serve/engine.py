@@ -244,6 +244,7 @@ class Lane:
                          Raster(model, policy), gens, drafter=head)
         self.loop.state.retire(list(range(capacity)))
         self.slots: list[Request | None] = [None] * capacity
+        self.metrics = None  # the engine's EngineMetrics, where it keeps them
 
     def free(self) -> list[int]:
         return [i for i, r in enumerate(self.slots) if r is None]
@@ -299,8 +300,14 @@ class Lane:
             r.iterations += 1
         if isinstance(self.policy, BatchWindow):  # a first batch of this size: read its curve
             self.policy.ensure(len(active))
+        before = self.loop.state.count.clone()
+        t0 = time.perf_counter()
         self.loop.step()
         state, lay = self.loop.state, self.model.layout
+        if self.metrics is not None:
+            self.metrics.iteration.observe(time.perf_counter() - t0)
+            self.metrics.tokens.inc(int((state.count - before).sum()))
+            self.metrics.forwards.inc(len(active))
         grid = (lay.grid[0], lay.grid[1])
         done = (state.count >= state.length).tolist()
         if any(r is not None and r.partial_images and r.on_partial for r in self.slots):
@@ -366,6 +373,9 @@ class Engine:
         self.warming = False  # measuring cost curves (warm_up): /health says so
         self.drain_until: float | None = None  # set by drain(): no admissions, then stop
         self.warm_end: float | None = None
+        from .metrics import EngineMetrics
+
+        self.metrics = EngineMetrics(self)  # Prometheus: the server's /metrics
 
     def warm_up(self, req: Request, budget_s: float = 120.0) -> None:
         """Measure, before serving, the cost curves that window="auto" lanes of `req`'s setting
@@ -416,6 +426,16 @@ class Engine:
             self.wake.notify()
         return req.future
 
+    def _finish(self, req: Request, result: Completion | None = None,
+                error: Exception | None = None) -> None:
+        """Settle a request's future and count its outcome."""
+        outcome = ("ok" if error is None else "cancelled" if isinstance(error, Cancelled)
+                   else "error")
+        self.metrics.requests.labels(outcome).inc()
+        if result is not None and result.forward_passes:
+            self.metrics.compression.observe(len(result.tokens) / result.forward_passes)
+        _settle(req.future, result, error)
+
     def submit_many(self, reqs: list[Request]) -> list[Future]:
         """Queue as many of `reqs` as the queue has room for, in one step (the engine sees
         them together), and return their futures; QueueFull when none fits. The caller has
@@ -432,10 +452,10 @@ class Engine:
 
     def _expired(self, req: Request, now: float) -> bool:
         if req.cancelled.is_set() or req.future.cancelled():
-            _settle(req.future, error=Cancelled("cancelled"))
+            self._finish(req, error=Cancelled("cancelled"))
             return True
         if req.deadline is not None and now > req.deadline:
-            _settle(req.future, error=Cancelled("its time limit ran out"))
+            self._finish(req, error=Cancelled("its time limit ran out"))
             return True
         return False
 
@@ -463,10 +483,11 @@ class Engine:
                 try:
                     lane = self.lanes[key] = Lane(self.model, req, self.max_batch,
                                                   self.max_rows, self.drafter)
+                    lane.metrics = self.metrics
                 except Exception as e:  # noqa: BLE001 - this request fails, with its cause
                     if not isinstance(e, ValueError):
                         LOG.exception("building a lane for %s failed", key)
-                    _settle(req.future, error=e)
+                    self._finish(req, error=e)
                     admitted.append(req)
                     continue
             self.lanes[key] = self.lanes.pop(key)  # most recently used last
@@ -479,7 +500,7 @@ class Engine:
                     rows += lane.row_cost
                 except Exception as e:  # noqa: BLE001 - this request fails, the others go on
                     LOG.exception("admitting a request failed")
-                    _settle(req.future, error=e)
+                    self._finish(req, error=e)
                 admitted.append(req)
         with self.wake:
             for req in admitted:
@@ -490,7 +511,7 @@ class Engine:
                 continue
             stepped += sum(r is not None for r in lane.slots)
             for req, done in lane.step():
-                _settle(req.future, result=done)
+                self._finish(req, result=done)
         if stepped:
             self.batch_log.append(stepped)
         idle = [k for k, lane in self.lanes.items() if not lane.busy()]
@@ -523,7 +544,7 @@ class Engine:
         with self.wake:
             waiting, self.waiting = list(self.waiting), collections.deque()
         for req in waiting:
-            _settle(req.future, error=stop)
+            self._finish(req, error=stop)
         if time.monotonic() > self.drain_until:
             self._fail_all(stop)
         return not any(lane.busy() for lane in self.lanes.values())
@@ -551,7 +572,7 @@ class Engine:
             for row, req in enumerate(lane.slots):
                 if req is not None:
                     lane.drop(row)
-                    _settle(req.future, error=error)
+                    self._finish(req, error=error)
         self.lanes.clear()
 
     def start(self) -> Engine:
