@@ -131,6 +131,36 @@ def _rule_options(args: argparse.Namespace) -> dict:
     return opts
 
 
+def cmd_serve_ray(args: argparse.Namespace) -> None:
+    """`speculaas serve --ray`: every option checked before Ray starts."""
+    import os
+    import sys
+
+    try:
+        import ray  # noqa: F401
+        from ray import serve  # noqa: F401
+    except ImportError:
+        raise ValueError('--ray needs Ray Serve: pip install -e ".[ray]" -c constraints.txt'
+                         ) from None
+    from speculaas.serve.app import allowed_hosts
+    from speculaas.serve.ray_app import RaySettings, serve_ray
+
+    api_key = args.api_key or os.environ.get("SPECULAAS_API_KEY") or None
+    hosts = allowed_hosts(args.host, args.port)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
+        print(f"speculaas serve: warning: bound to {args.host}, beyond this machine, with no API "
+              "key (--api-key or SPECULAAS_API_KEY): anyone who reaches it can use it",
+              file=sys.stderr, flush=True)
+    settings = RaySettings(
+        model=args.model, weights=args.weights, model_options=_model_options(args),
+        max_batch=args.max_batch, max_rows=args.max_rows, queue_size=args.queue,
+        time_limit_s=args.time_limit, warm_up_s=args.warm_up, drafter=args.drafter,
+        api_key=api_key, hosts=None if hosts is None else tuple(sorted(hosts)),
+        replicas=args.replicas, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+        cpus=args.replica_cpus, gpus=args.replica_gpus)
+    serve_ray(settings, args.host, args.port, args.address)
+
+
 def add_decoding_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="builtin", choices=MODEL_NAMES, metavar="MODEL",
                    help=f"one of {', '.join(MODEL_NAMES)}")
@@ -388,6 +418,20 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("--drafter", default=None, metavar="DIR",
                    help="a draft head for the model (a folder from train-drafter, or 'shipped' "
                         "for the built-in model's) drafting every speculative request")
+    r = v.add_argument_group("Ray Serve (pip install -e \".[ray]\"): replicas of the engine")
+    r.add_argument("--ray", action="store_true",
+                   help="serve on Ray Serve: one engine per replica, requests routed to the "
+                        "shortest queue, replicas restarted when they fail")
+    r.add_argument("--address", default=None,
+                   help="the Ray cluster to join (default: start a local one)")
+    r.add_argument("--replicas", type=int, default=1,
+                   help="replicas (with --max-replicas: how many to start with)")
+    r.add_argument("--min-replicas", type=int, default=None, help="autoscaling lower bound")
+    r.add_argument("--max-replicas", type=int, default=None,
+                   help="autoscaling upper bound (scaled on requests in flight per replica)")
+    r.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs per replica")
+    r.add_argument("--replica-gpus", type=float, default=0.0,
+                   help="GPUs per replica (use with --device cuda)")
     v.add_argument("--header-timeout", type=float, default=10.0, metavar="SECONDS",
                    help="close a connection whose request line and headers are not complete "
                         "this long after it opened or after its last response")
@@ -454,6 +498,8 @@ def main(argv: list[str] | None = None) -> None:
             cmd_train_drafter(args)
         elif args.command == "bench":
             cmd_bench(args)
+        elif args.command == "serve" and args.ray:
+            cmd_serve_ray(args)
         elif args.command == "serve":
             from speculaas.serve.app import serve
             serve(args.model, args.host, args.port, args.weights, args.max_batch, args.queue,

@@ -292,9 +292,12 @@ class Call:
 
 
 def create_app(engine: Engine, time_limit_s: float = TIME_LIMIT_S,  # noqa: ANN201
-               hosts: set[str] | None = None, api_key: str | None = None):
+               hosts: set[str] | None = None, api_key: str | None = None,
+               replica: str | None = None):
     """The FastAPI app over `engine`. hosts: the Host headers it answers (allowed_hosts; None:
-    any); api_key: required as Authorization: Bearer KEY where given."""
+    any); api_key: required as Authorization: Bearer KEY where given; replica: this replica's
+    id where several serve one application (serve/ray_app.py), in /health and in the
+    x-speculaas-replica header of every answer."""
     from fastapi import FastAPI
     from fastapi import Request as HTTPRequest
 
@@ -312,6 +315,8 @@ def create_app(engine: Engine, time_limit_s: float = TIME_LIMIT_S,  # noqa: ANN2
                 "waiting": len(engine.waiting), "running": running,
                 "rows": engine.rows_in_flight(), "max_rows": engine.max_rows,
                 "max_batch": engine.max_batch, "queue_size": engine.queue_size}
+        if replica is not None:
+            body["replica"] = replica
         return JSONResponse(body, status_code=503 if engine.warming else 200)
 
     @app.get("/metrics")
@@ -341,6 +346,8 @@ def create_app(engine: Engine, time_limit_s: float = TIME_LIMIT_S,  # noqa: ANN2
             line += " " + json.loads(response.body)["error"]["message"]
         ACCESS_LOG.info(line)
         response.headers["x-request-id"] = rid
+        if replica is not None:
+            response.headers["x-speculaas-replica"] = replica
         return response
 
     async def _generate(request: HTTPRequest, seen: dict):  # noqa: ANN202
