@@ -117,3 +117,38 @@ def test_a_killed_replica_fails_its_requests_is_replaced_and_the_app_keeps_servi
     assert len(_replicas()) == 2 and victims[0] not in _replicas()  # replaced
     after = _post(cluster, {"prompt": "3", "seed": 7, "window": 4})
     assert after.status_code == 200
+
+
+def test_the_serve_run_builder_and_the_settings_are_checked():
+    from speculaas.serve.ray_app import app
+
+    bound = app({"model": "tiny", "model_options": '{"vocab_size": 8, "grid": [2, 3]}',
+                 "replicas": "2", "max_replicas": "4", "cpus": "0.5", "drafter": "none"})
+    assert type(bound).__name__ == "Application"
+    with pytest.raises(ValueError, match="unknown option"):
+        app({"modle": "tiny"})
+    with pytest.raises(ValueError, match="max-replicas"):
+        RaySettings(replicas=3, max_replicas=2)
+    with pytest.raises(ValueError, match="needs --max-replicas"):
+        RaySettings(min_replicas=1)
+    options = RaySettings(replicas=2, max_replicas=4, cpus=2, gpus=1).deployment_options()
+    assert options["autoscaling_config"]["max_replicas"] == 4
+    assert options["ray_actor_options"] == {"num_cpus": 2, "num_gpus": 1}
+
+
+def test_the_cli_serves_on_ray_and_stops_on_sigterm():
+    import signal
+
+    from conftest import start_serve
+
+    proc, url = start_serve("--ray", "--model", "tiny", "--model-opt", "grid=3,5",
+                            "--replica-cpus", "0.5", wait_s=180)
+    try:
+        r = _post(url, {"prompt": "2", "seed": 1, "window": 4})
+        assert r.status_code == 200 and r.headers[REPLICA_HEADER]
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0 and "stopping the application" in out, out

@@ -150,6 +150,11 @@ def app(args: dict):  # noqa: ANN201
         kind = str(fields[key].type)
         if isinstance(value, str) and value.lower() in ("none", "null"):
             value = None
+        elif isinstance(value, str) and ("dict" in kind or "tuple" in kind):
+            import json
+
+            value = json.loads(value)
+            value = tuple(value) if "tuple" in kind else value
         elif isinstance(value, str) and "int" in kind:
             value = int(value)
         elif isinstance(value, str) and "float" in kind:
