@@ -114,3 +114,26 @@ def test_the_demo_takes_json_only_from_its_own_host(builtin):
                           ).status_code == 413
     finally:
         engine.stop()
+
+
+def test_a_streamed_generation_shows_the_picture_so_far_then_the_result(builtin):
+    from fastapi.testclient import TestClient
+
+    from speculaas.demo.app import PREVIEWS, create_app
+    from speculaas.serve.engine import Engine
+
+    engine = Engine(builtin, max_batch=2).start()
+    try:
+        client = TestClient(create_app(builtin, engine))
+        plain = client.post("/api/generate", json=GOOD).json()
+        with client.stream("POST", "/api/generate", json={**GOOD, "stream": True}) as r:
+            assert r.status_code == 200
+            lines = [json.loads(line) for line in r.iter_lines() if line]
+        bad = client.post("/api/generate", json={**GOOD, "stream": "yes"})
+    finally:
+        engine.stop()
+    previews = [line for line in lines[:-1] if "preview" in line]
+    assert len(previews) == len(lines) - 1 == PREVIEWS
+    assert all(p["method"] == "csd" and p["preview"].startswith("data:image/png") for p in previews)
+    assert lines[-1]["result"]["runs"][0]["image"] == plain["runs"][0]["image"]
+    assert bad.status_code == 400 and "stream" in bad.json()["error"]

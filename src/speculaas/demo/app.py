@@ -15,6 +15,7 @@ limit.
 import asyncio
 import base64
 import io
+import json
 import math
 import threading
 import time
@@ -34,6 +35,7 @@ from ..decoding.frontier_rows import check_row_context
 LIMITS = {"caption_chars": 300, "window": (1, 64), "row_context": (1, 64), "lam": (0.0, 10.0),
           "delta": (0.0, 1.0),
           "temperature": (0.05, 5.0), "cfg_scale": (0.0, 20.0), "seed": (0, 2**31 - 1)}
+PREVIEWS = 3  # pictures of a decode in progress sent to a streamed request
 QUEUE_LIMIT = 4  # requests in flight (decoding together or waiting); more get 503 at once
 TIME_LIMIT_S = 60.0  # per request, queueing excluded
 
@@ -44,10 +46,11 @@ class Cancelled(Exception):
 
 class _Watch:
     """Stands in for the progress bar of generate(): every loop iteration it checks whether
-    the request should stop, so cancelling costs at most one iteration."""
+    the request should stop, so cancelling costs at most one iteration. preview: where the
+    pictures of a decode in progress go (method, PIL image), for a streamed request."""
 
-    def __init__(self, stop: threading.Event, deadline: float) -> None:
-        self.stop, self.deadline = stop, deadline
+    def __init__(self, stop: threading.Event, deadline: float, preview=None) -> None:  # noqa: ANN001
+        self.stop, self.deadline, self.preview = stop, deadline, preview
 
     def update(self, n: int = 1) -> None:
         if self.stop.is_set():
@@ -168,6 +171,9 @@ def _run(model, caption, r: dict, watch: _Watch | None, engine=None) -> dict:  #
                         coupling=r.get("coupling", DEFAULT_COUPLING),
                         draft_init=r.get("draft_init", DEFAULT_DRAFT_INIT),
                         deadline=None if watch is None else watch.deadline)
+    if watch is not None and watch.preview is not None:
+        req.partial_images = PREVIEWS
+        req.on_partial = lambda _req, _k, image: watch.preview(r["method"], image)
     future = engine.submit(req)
     while True:
         try:
@@ -228,7 +234,7 @@ def create_app(model, engine=None, hosts: set[str] | None = None):  # noqa: ANN0
     application/json and within the API server's body limit, so no other page can make it
     work."""
     from fastapi import FastAPI, Request
-    from fastapi.responses import HTMLResponse, JSONResponse
+    from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
     from ..serve.app import Refused, check_caller, read_json
     from ..serve.engine import Engine
@@ -243,10 +249,10 @@ def create_app(model, engine=None, hosts: set[str] | None = None):  # noqa: ANN0
     alone = threading.Lock()
     waiting = {"n": 0}  # requests queued or running; touched only on the event loop
 
-    def work(req: dict, stop: threading.Event) -> dict:
+    def work(req: dict, stop: threading.Event, preview=None) -> dict:  # noqa: ANN001
         if stop.is_set():  # the client left while the request waited
             raise Cancelled("the client left")
-        watch = _Watch(stop, time.monotonic() + TIME_LIMIT_S)
+        watch = _Watch(stop, time.monotonic() + TIME_LIMIT_S, preview)
         with torch.inference_mode():
             if "row_context" in req:
                 with alone:
@@ -279,6 +285,9 @@ def create_app(model, engine=None, hosts: set[str] | None = None):  # noqa: ANN0
                     from None
             if not isinstance(form, dict):
                 raise ValueError("the request must be a JSON object")
+            stream = form.pop("stream", False)
+            if not isinstance(stream, bool):
+                raise ValueError(f"stream must be true or false, got {stream!r}")
             req = parse_request(form, model)
         except Refused as e:
             return JSONResponse({"error": str(e)}, status_code=e.status)
@@ -291,6 +300,17 @@ def create_app(model, engine=None, hosts: set[str] | None = None):  # noqa: ANN0
                                 status_code=503, headers={"Retry-After": "5"})
         waiting["n"] += 1
         stop = threading.Event()
+        if stream:
+            loop, events = asyncio.get_running_loop(), asyncio.Queue()
+
+            def preview(method: str, image: Image.Image) -> None:  # engine thread
+                line = {"preview": _png(image), "method": method}
+                loop.call_soon_threadsafe(events.put_nowait, line)
+
+            job = loop.run_in_executor(worker, work, req, stop, preview)
+            job.add_done_callback(lambda _: waiting.update(n=waiting["n"] - 1))
+            return StreamingResponse(_stream(job, events, stop),
+                                     media_type="application/x-ndjson")
         job = asyncio.get_running_loop().run_in_executor(worker, work, req, stop)
         try:
             while not job.done():  # the event loop stays free; a client that leaves cancels
@@ -305,6 +325,27 @@ def create_app(model, engine=None, hosts: set[str] | None = None):  # noqa: ANN0
             return JSONResponse({"error": str(e)}, status_code=400)
         finally:
             waiting["n"] -= 1
+
+    async def _stream(job: asyncio.Future, events: asyncio.Queue, stop: threading.Event):  # noqa: ANN202
+        """A streamed generation, one JSON object per line: {"preview": PNG, "method"} as the
+        engine commits rows, then {"result": what the plain call returns}, or {"error",
+        "status"}. A client that leaves stops the work, as for the plain call."""
+        try:
+            while not (job.done() and events.empty()):
+                try:
+                    yield json.dumps(await asyncio.wait_for(events.get(), 0.25)) + "\n"
+                except TimeoutError:
+                    continue
+            try:
+                line = {"result": job.result()}
+            except Cancelled as e:
+                line = {"error": f"stopped: {e}", "status": 503}
+            except ValueError as e:
+                line = {"error": str(e), "status": 400}
+            yield json.dumps(line) + "\n"
+        finally:
+            if not job.done():  # the client left mid-stream
+                stop.set()
 
     return app
 
