@@ -11,6 +11,10 @@ os.environ.setdefault("SPECULAAS_CACHE_DIR", tempfile.mkdtemp(prefix="speculaas-
 
 torch.set_num_threads(min(2, torch.get_num_threads()))  # OMP_NUM_THREADS=1 lowers it
 
+# Local Ray clusters started by tests (and the servers they start) bind every service to
+# loopback: Ray's single-machine mode, read when ray is first imported (serve/ray_app.py).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
 # Options under which a relaxed rule must be exactly SJD.
 ZERO_RELAXATION = [("csd", {"lam": 0.0}), ("csd", {"delta": 0.0}), ("addition", {"eps": 0.0}),
                    ("amplify", {"k": 1.0})]

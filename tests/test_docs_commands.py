@@ -136,9 +136,11 @@ def _parse_only(cmd: Command, monkeypatch, capsys) -> None:  # noqa: ANN001
     import speculaas.demo.app
     import speculaas.models.builtin.train
     import speculaas.serve.app
+    import speculaas.serve.ray_app
 
     for module, name in ((speculaas, "load_model"), (speculaas.bench.runner, "run"),
                          (speculaas.serve.app, "serve"), (speculaas.demo.app, "serve"),
+                         (speculaas.serve.ray_app, "serve_ray"),
                          (speculaas.models.builtin.train, "train")):
         monkeypatch.setattr(module, name, _stop)
     monkeypatch.chdir(ROOT)

@@ -27,8 +27,9 @@ TINY = {"vocab_size": 64, "grid": (32, 32), "seed": 0}
 @pytest.fixture(scope="module")
 def cluster():
     port = free_port()
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
-             object_store_memory=100 * 1024**2, log_to_driver=False)
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 1024**2,
+             log_to_driver=False)  # on loopback only (conftest: Ray's single-machine mode)
+    assert ray.util.get_node_ip_address() == "127.0.0.1"
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         settings = RaySettings(model="tiny", model_options=TINY, max_batch=2, queue_size=8,

@@ -136,6 +136,10 @@ def cmd_serve_ray(args: argparse.Namespace) -> None:
     import os
     import sys
 
+    if args.address is None and args.host in ("127.0.0.1", "localhost"):
+        # A local cluster for a loopback server: Ray's single-machine mode binds its own
+        # services to loopback too (read when ray is imported).
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     try:
         import ray  # noqa: F401
         from ray import serve  # noqa: F401

@@ -165,9 +165,11 @@ def app(args: dict):  # noqa: ANN201
 
 def serve_ray(settings: RaySettings, host: str = "127.0.0.1", port: int = 8000,
               address: str | None = None, wait_s: float | None = None) -> None:
-    """Run the application on the Ray cluster at `address` (None: start a local one, bound to
-    this machine's loopback when `host` is) with Serve's HTTP proxy on host:port, until Ctrl-C
-    or SIGTERM (or `wait_s` seconds); then delete the application and leave the cluster."""
+    """Run the application on the Ray cluster at `address` (None: start a local one) with
+    Serve's HTTP proxy on host:port, until Ctrl-C or SIGTERM (or `wait_s` seconds); then delete
+    the application and leave the cluster. A local cluster binds Ray's own services to loopback
+    when RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 is set before ray is imported (the CLI sets it for
+    a loopback server)."""
     import sys
 
     import ray
@@ -175,9 +177,8 @@ def serve_ray(settings: RaySettings, host: str = "127.0.0.1", port: int = 8000,
 
     if not 0 < port < 65536:
         raise ValueError(f"--port must be from 1 to 65535, got {port}")
-    local = {"_node_ip_address": "127.0.0.1"} if host in ("127.0.0.1", "localhost") else {}
     if address is None:
-        ray.init(include_dashboard=False, **local)
+        ray.init(include_dashboard=False)
     else:
         try:
             ray.init(address=address)
