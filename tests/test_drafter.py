@@ -257,3 +257,28 @@ def test_served_requests_with_a_head_draw_what_solo_calls_draw(tiny, tiny_head, 
         assert torch.equal(f.result().tokens, solo.tokens[0]), r
         if window != "auto":
             assert f.result().forward_passes == int(solo.forward_passes[0])
+
+
+@pytest.mark.parametrize("name", ["janus", "emu3", "lumina-mgpt"])
+def test_transformers_adapters_train_a_head_and_sjd_with_it_draws_ar_tokens(name, tmp_path):
+    """The transformers adapters record the last hidden states: a head trained on a tiny
+    checkpoint in its release's layout is tied to it, and sjd with it (the recipe's guidance)
+    draws AR's tokens while the head drafts."""
+    from conftest import assert_same_as_ar
+
+    from speculaas.models.random_checkpoints import write_random_checkpoint
+
+    ckpt = write_random_checkpoint(name, tmp_path / "ckpt")
+    model = ckpt.load()
+    sampling = SamplingConfig(cfg_scale=model.defaults.cfg_scale)
+    cfg = TrainConfig(images=8, batch=4, steps=10, chains=8, unroll=3, width=32, blocks=1,
+                      depth=4, prior_prompts=0)
+    train_drafter(model, tmp_path / "head", cfg, sampling, prompts=ckpt.prompts,
+                  progress=False, log=lambda *a: None)
+    head = load_head(tmp_path / "head", model)
+    assert head.target["model"] == model.name
+    prompts = ckpt.prompts * 2
+    assert_same_as_ar(model, prompts, windows=(4, "auto"), seed=5, drafter=head)
+    runs = [sp.generate(model, prompts, method="sjd", window=6, seed=5,
+                        drafter=h, decode_images=False) for h in (head, None)]
+    assert not torch.equal(runs[0].forward_passes, runs[1].forward_passes)  # the head drafted

@@ -20,7 +20,8 @@ from .config import (
 from .prompting import parse_prompt
 
 # Adapters whose sessions record features (ImageModel.draft_io): the ones a head can run on.
-DRAFTER_MODELS = ("builtin", "tiny", "llamagen")
+DRAFTER_MODELS = ("builtin", "tiny", "llamagen", "janus", "lumina-mgpt", "chameleon", "anole",
+                  "emu3")
 # Adapters that admit requests into a running batch (ImageModel.admit): the ones a server runs.
 SERVE_MODELS = tuple(n for n in MODEL_NAMES if n != "toy")
 MAX_IMAGES = 10_000  # per CLI call; larger jobs belong in `speculaas bench` or a script

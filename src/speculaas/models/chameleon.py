@@ -160,7 +160,7 @@ class ChameleonModel(PerImageCacheModel, ImageModel):
         self.hf.model(input_ids=rows, attention_mask=mask, past_key_values=cache, use_cache=True)
         return mask
 
-    def window_logits(self, inputs: torch.Tensor, prompt_end: torch.Tensor | None, cache,
+    def window_hidden(self, inputs: torch.Tensor, prompt_end: torch.Tensor | None, cache,
                       prompt_mask: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
         ids = self.index_to_bpe[inputs].clone()
         if prompt_end is not None:
@@ -168,9 +168,15 @@ class ChameleonModel(PerImageCacheModel, ImageModel):
         past = int(cache.get_seq_length())
         mask = torch.ones(len(ids), past + ids.shape[1], dtype=torch.long, device=ids.device)
         mask[:, : prompt_mask.shape[1]] = prompt_mask
-        h = self.hf.model(input_ids=ids, attention_mask=mask, past_key_values=cache,
-                          use_cache=True).last_hidden_state
-        return self.hf.lm_head(h)[..., self.index_to_bpe]
+        return self.hf.model(input_ids=ids, attention_mask=mask, past_key_values=cache,
+                             use_cache=True).last_hidden_state
+
+    def embed_image_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.hf.get_input_embeddings()(self.index_to_bpe[tokens])
+
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The output head's rows of the image tokens (and the row end): hidden -> logits."""
+        return self.hf.lm_head(hidden)[..., self.index_to_bpe]
 
     def decode(self, tokens: torch.Tensor) -> list[Image.Image]:
         if self.vqgan is None:

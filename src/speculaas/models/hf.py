@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from .base import Session, resolve_dtype
+from .base import DraftIO, Session, resolve_dtype, weights_fingerprint
 
 
 def rollback(cache, length: int) -> None:  # noqa: ANN001
@@ -109,8 +109,11 @@ class PerImageCacheSession(Session):
 
     The model supplies `unconditional(ids)` (of any length: the shorter row is left-padded with
     `pad_id`), `prefill(rows, cache) -> state` and
-    `window_logits(inputs [rows, L], prompt_end [rows] or None, cache, state) -> [rows, L, vocab]`
-    (`state` is whatever prefill returned for that image, e.g. a prompt attention mask).
+    `window_hidden(inputs [rows, L], prompt_end [rows] or None, cache, state) -> [rows, L, dim]`
+    (`state` is whatever prefill returned for that image, e.g. a prompt attention mask),
+    `head_logits(hidden) -> [..., vocab]` and `embed_image_tokens(tokens) -> [..., dim]` (the
+    last two also serve a trained draft head: `draft_io`). With `record_features` the hidden
+    states of every slot are kept in `features`.
     Before each window the image's cache is cropped to its committed prefix.
     """
 
@@ -149,15 +152,20 @@ class PerImageCacheSession(Session):
 
     @torch.inference_mode()
     def forward(self, inputs, offset, images, max_offset=None):  # noqa: ANN001, ANN201
-        cond, uncond = [], []
+        cond, uncond, feats = [], [], []
         for row, (i, n) in enumerate(zip(images.tolist(), offset.tolist(), strict=True)):
             rollback(self.caches[i], self.prompt_len[i] - 1 + n)
             rows = inputs[row].expand(len(self.last[i]), -1)
-            logits = self.model.window_logits(rows, self.last[i] if n == 0 else None,
-                                              self.caches[i], self.state[i]).float()
+            hidden = self.model.window_hidden(rows, self.last[i] if n == 0 else None,
+                                              self.caches[i], self.state[i])
+            feats.append(hidden)
+            logits = self.model.head_logits(hidden).float()
             cond.append(logits[0])
             if len(logits) == 2:
                 uncond.append(logits[1])
+        if self.record_features:
+            self.features = (torch.stack([f[0] for f in feats]),
+                             torch.stack([f[1] for f in feats]) if uncond else None)
         return torch.stack(cond), (torch.stack(uncond) if uncond else None)
 
 
@@ -172,3 +180,13 @@ class PerImageCacheModel:
 
     def admit(self, session: Session, rows: list[int], prompts: list) -> None:
         session.admit(rows, [self._ids(p) for p in prompts])
+
+    def draft_io(self) -> DraftIO:
+        """A trained draft head reads the last hidden states, embeds tokens as the model does
+        and turns its features into logits with the model's own output head."""
+        if getattr(self, "_fingerprint", None) is None:
+            self._fingerprint = weights_fingerprint(self.name, self.hf)
+        weight = self.hf.get_input_embeddings().weight
+        return DraftIO(dim=weight.shape[1], embed=self.embed_image_tokens,
+                       logits=lambda h: self.head_logits(h).float(),
+                       fingerprint=self._fingerprint, dtype=weight.dtype)

@@ -93,17 +93,23 @@ class JanusModel(PerImageCacheModel, ImageModel):
         self.hf.model.language_model(inputs_embeds=self.hf.get_input_embeddings()(rows),
                                      past_key_values=cache, use_cache=True)
 
-    def window_logits(self, inputs: torch.Tensor, prompt_end: torch.Tensor | None, cache,
+    def window_hidden(self, inputs: torch.Tensor, prompt_end: torch.Tensor | None, cache,
                       state=None) -> torch.Tensor:  # noqa: ANN001
         """Image tokens enter through the generation embedding + aligner; the prompt's last
-        (image-start) token through the text embedding."""
-        emb = self.hf.prepare_embeddings_for_image_generation(inputs)
+        (image-start) token through the text embedding. -> the last hidden states."""
+        emb = self.embed_image_tokens(inputs)
         if prompt_end is not None:
             text = self.hf.get_input_embeddings()(prompt_end[:, None]).to(emb.dtype)
             emb = torch.cat([text, emb[:, 1:]], 1)
-        h = self.hf.model.language_model(inputs_embeds=emb, past_key_values=cache,
-                                         use_cache=True).last_hidden_state
-        return self.hf.model.generation_head(h)
+        return self.hf.model.language_model(inputs_embeds=emb, past_key_values=cache,
+                                            use_cache=True).last_hidden_state
+
+    def embed_image_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.hf.prepare_embeddings_for_image_generation(tokens)
+
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The generation head: hidden states -> image-token logits."""
+        return self.hf.model.generation_head(hidden)
 
     def decode(self, tokens: torch.Tensor) -> list[Image.Image]:
         with torch.inference_mode():
