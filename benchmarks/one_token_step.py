@@ -4,10 +4,11 @@
 
 Where no window pays (a compute-bound batch), the engine and window="auto" run one-token
 iterations. This times a whole image's worth of them both ways on the same session and
-prompts, interleaved: `Loop.step` at window 1 (drafting, verification and bookkeeping around a
-one-token forward) for sjd (Gumbel verification) and csd (the ratio test), and
-`AutoregressiveLoop.step` (the forward and a Gumbel argmax). Prints the median seconds per
-image and the ratio loop / AR per batch size; last line JSON of the ratios.
+prompts, interleaved: `Loop.step` at window 1 for sjd (Gumbel verification: the loop's AR step,
+`Loop._ar_step`) and csd (the ratio test: drafting, verification and bookkeeping around a
+one-token forward), and `AutoregressiveLoop.step` (the forward and a Gumbel argmax). Prints
+the median seconds per image and the ratio loop / AR per batch size; last line JSON of the
+ratios.
 """
 
 from __future__ import annotations

@@ -55,8 +55,8 @@ def adapter(request, tmp_path_factory):
     return ckpt.load(), ckpt.prompts
 
 
-@pytest.mark.parametrize("window", [4, "auto"])
-def test_every_adapter_admits_requests_into_a_running_batch(adapter, window):
+@pytest.mark.parametrize("method,window", [("sjd", 4), ("sjd", "auto"), ("ar", "auto")])
+def test_every_adapter_admits_requests_into_a_running_batch(adapter, method, window):
     """Each real-model adapter's tiny checkpoint, with its recipe's guidance: a request joining
     a running batch, and one taking over a finished request's row, draw what solo generate()
     calls draw for their seeds (a high temperature: the random weights are sharp, and seeds
@@ -64,7 +64,7 @@ def test_every_adapter_admits_requests_into_a_running_batch(adapter, window):
     model, prompts = adapter
     engine = Engine(model, max_batch=2)
     reqs = [Request(prompt=prompts[i % len(prompts)], seed=10 + i, window=window,
-                    temperature=T_HOT) for i in range(4)]
+                    temperature=T_HOT, method=method) for i in range(4)]  # ar: one-token steps
     futures = [engine.submit(reqs[0])]
     engine.run_once()
     futures += [engine.submit(r) for r in reqs[1:]]  # one joins, two wait for a row

@@ -36,7 +36,7 @@ from .frontier_rows import Rows
 from .result import DecodeResult
 from .state import DecodeState, Uniforms
 from .tree import Tree, tree_width
-from .verify import Window, settle, verify
+from .verify import Commit, Verdict, Window, settle, verify
 from .window import AutoWindow, WindowPolicy, make_policy
 
 
@@ -111,6 +111,9 @@ class Loop:
             return False
         L = plan.pos.shape[1]
         K, dev = L - 1, plan.pos.device
+        if K == 0 and self.gumbel and self.head is None and type(f) is Raster:
+            self._ar_step(plan)
+            return True
         if self.gumbel:  # no uniform is read
             u = Uniforms.split(torch.zeros(1, Uniforms.count(plan.window), device=dev),
                                plan.window).take(torch.zeros_like(plan.img))
@@ -163,6 +166,29 @@ class Loop:
         s.iteration += 1
         s.rule_seconds += v.rule_seconds
         return True
+
+    def _ar_step(self, plan) -> None:  # noqa: ANN001
+        """A one-token iteration under Gumbel verification (every segment is its anchor alone,
+        where no window pays): the plain AR step, the Gumbel argmax of each image's target
+        under its noise, with no drafts to make, verify or keep; the bookkeeping is step()'s
+        for a window of one slot, so a decode may switch between the two at any iteration."""
+        s, f = self.state, self.frontier
+        noise = s.noise(plan.img, plan.pos)
+        no_drafts = s.tokens.new_zeros(len(plan.img), 0)
+        cond, uncond = f.forward(self.session, plan, s, no_drafts)
+        q = target_probs(cond, uncond, self.sampling, self.model.layout.structural, check=False)
+        self.finite, self.logits = torch.isfinite(q.sum(-1)).all(), (cond, uncond)
+        if plan.forced is not None:
+            q = torch.where((plan.forced >= 0)[..., None], _onehot(plan.forced, q), q)
+        tokens = gumbel_argmax(q, noise)  # [G, 1]: AR's sample at each position
+        none = torch.zeros_like(plan.img)
+        keep = torch.ones_like(tokens, dtype=torch.bool)
+        v = Verdict(none, none.bool(), tokens[:, 0], tokens, q)
+        c = Commit(none, tokens, q, keep, ~keep, ~keep)
+        self.init.committed(s.memory, plan.img, plan.pos, keep, q)
+        s.commit(plan.img, plan.pos, keep, tokens, ~keep, q)
+        f.observe(s, plan, v, c)
+        s.iteration += 1
 
     def run(self) -> DecodeResult:
         while self.step():
