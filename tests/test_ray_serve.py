@@ -97,6 +97,7 @@ def test_a_killed_replica_fails_its_requests_is_replaced_and_the_app_keeps_servi
     while busy is None and time.monotonic() < deadline:  # a replica that is decoding
         health = httpx.get(f"{cluster}/health").json()
         busy = health["replica"] if health["running"] else None
+        time.sleep(0.02)
     victims = [name for name in _replicas() if name.endswith(f"#{busy}")]
     assert len(victims) == 1, (busy, _replicas())
     ray.kill(ray.get_actor(victims[0], namespace="serve"), no_restart=True)
