@@ -135,7 +135,6 @@ def _rule_options(args: argparse.Namespace) -> dict:
 def cmd_serve_ray(args: argparse.Namespace) -> None:
     """`speculaas serve --ray`: every option checked before Ray starts."""
     import os
-    import sys
 
     if args.address is None and args.host in ("127.0.0.1", "localhost"):
         # A local cluster for a loopback server: Ray's single-machine mode binds its own
@@ -147,15 +146,10 @@ def cmd_serve_ray(args: argparse.Namespace) -> None:
     except ImportError:
         raise ValueError('--ray needs Ray Serve: pip install -e ".[ray]" -c constraints.txt'
                          ) from None
-    from speculaas.serve.app import allowed_hosts
+    from speculaas.serve.app import caller_policy
     from speculaas.serve.ray_app import RaySettings, serve_ray
 
-    api_key = args.api_key or os.environ.get("SPECULAAS_API_KEY") or None
-    hosts = allowed_hosts(args.host, args.port)
-    if args.host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
-        print(f"speculaas serve: warning: bound to {args.host}, beyond this machine, with no API "
-              "key (--api-key or SPECULAAS_API_KEY): anyone who reaches it can use it",
-              file=sys.stderr, flush=True)
+    api_key, hosts = caller_policy(args.host, args.port, args.api_key)
     settings = RaySettings(
         model=args.model, weights=args.weights, model_options=_model_options(args),
         max_batch=args.max_batch, max_rows=args.max_rows, queue_size=args.queue,
@@ -166,14 +160,21 @@ def cmd_serve_ray(args: argparse.Namespace) -> None:
     serve_ray(settings, args.host, args.port, args.address)
 
 
-def add_decoding_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="builtin", choices=MODEL_NAMES, metavar="MODEL",
-                   help=f"one of {', '.join(MODEL_NAMES)}")
+def add_model_flags(p: argparse.ArgumentParser, models: tuple[str, ...] = MODEL_NAMES,
+                    model_help: str | None = None) -> None:
+    """--model (one of `models`), --weights, --device, --dtype, --model-opt: what
+    _model_options() and load_model() read."""
+    p.add_argument("--model", default="builtin", choices=models, metavar="MODEL",
+                   help=model_help or f"one of {', '.join(models)}")
     p.add_argument("--weights", default=None, help="local weights folder or hub name")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--dtype", default=None, help="e.g. bfloat16 (None: the weights' own)")
     p.add_argument("--model-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="adapter option, e.g. vq=vq_ds16_c2i.pt, image_size=384, grid=48,48")
+
+
+def add_decoding_flags(p: argparse.ArgumentParser) -> None:
+    add_model_flags(p)
     p.add_argument("--window", type=_window, default=None,
                    help="slots per forward, or 'auto' (chosen every iteration from the cost of a "
                         "window: sjd learns this machine's while it decodes, relaxed rules use "
@@ -396,13 +397,7 @@ def main(argv: list[str] | None = None) -> None:
 
     v = sub.add_parser("serve", help="serve an OpenAI-style images API with continuous "
                                      "batching and speculation", formatter_class=HELP)
-    v.add_argument("--model", default="builtin", choices=SERVE_MODELS, metavar="MODEL",
-                   help=f"one of {', '.join(SERVE_MODELS)}")
-    v.add_argument("--weights", default=None, help="local weights folder or hub name")
-    v.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    v.add_argument("--dtype", default=None, help="e.g. bfloat16 (None: the weights' own)")
-    v.add_argument("--model-opt", action="append", default=[], metavar="KEY=VALUE",
-                   help="adapter option, e.g. vq=vq_ds16_c2i.pt, image_size=384, grid=48,48")
+    add_model_flags(v, SERVE_MODELS)
     v.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
     v.add_argument("--port", type=int, default=8000, help="port to serve on")
     v.add_argument("--max-batch", type=int, default=8,
@@ -447,14 +442,8 @@ def main(argv: list[str] | None = None) -> None:
                                    "records its features, and a small head learns to guess its "
                                    "next tokens from them. Resumes where an interrupted run "
                                    "stopped (same --out and options).")
-    t.add_argument("--model", default="builtin", choices=MODEL_NAMES, metavar="MODEL",
-                   help=f"one of {', '.join(MODEL_NAMES)} (heads run on "
-                        f"{', '.join(DRAFTER_MODELS)})")
-    t.add_argument("--weights", default=None, help="local weights folder or hub name")
-    t.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    t.add_argument("--dtype", default=None, help="e.g. bfloat16 (None: the weights' own)")
-    t.add_argument("--model-opt", action="append", default=[], metavar="KEY=VALUE",
-                   help="adapter option (as generate's)")
+    add_model_flags(t, model_help=f"one of {', '.join(MODEL_NAMES)} (heads run on "
+                                  f"{', '.join(DRAFTER_MODELS)})")
     t.add_argument("--out", required=True, help="folder for the head (and its data/, train.pt)")
     t.add_argument("--prompts", default=None,
                    help="prompt file (.txt/.tsv/.csv/COCO .json); default: the built-in "

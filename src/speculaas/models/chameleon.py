@@ -23,7 +23,7 @@ from PIL import Image
 from ..config import SamplingConfig
 from .base import ImageModel, Layout, to_images
 from .hf import (
-    PerImageCacheModel,
+    SharedVocabularyModel,
     checkpoint_or_model,
     checkpoint_tensors,
     load_checkpoint,
@@ -63,7 +63,7 @@ def load_lumina(path: str, dtype):  # noqa: ANN001, ANN201
     return model.eval()
 
 
-class ChameleonModel(PerImageCacheModel, ImageModel):
+class ChameleonModel(SharedVocabularyModel, ImageModel):
     name = "lumina-mgpt"
 
     def __init__(self, path: str | None = None, device: str | torch.device = "cpu",
@@ -170,13 +170,6 @@ class ChameleonModel(PerImageCacheModel, ImageModel):
         mask[:, : prompt_mask.shape[1]] = prompt_mask
         return self.hf.model(input_ids=ids, attention_mask=mask, past_key_values=cache,
                              use_cache=True).last_hidden_state
-
-    def embed_image_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.hf.get_input_embeddings()(self.index_to_bpe[tokens])
-
-    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The output head's rows of the image tokens (and the row end): hidden -> logits."""
-        return self.hf.lm_head(hidden)[..., self.index_to_bpe]
 
     def decode(self, tokens: torch.Tensor) -> list[Image.Image]:
         if self.vqgan is None:

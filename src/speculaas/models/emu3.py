@@ -21,7 +21,7 @@ from PIL import Image
 
 from ..config import SamplingConfig
 from .base import ImageModel, Layout, to_images
-from .hf import PerImageCacheModel, checkpoint_or_model, processor_for
+from .hf import SharedVocabularyModel, checkpoint_or_model, processor_for
 
 DEFAULTS = SamplingConfig(temperature=1.0, top_k=2048, top_p=None, cfg_scale=3.0)
 # Emu3's generation script appends this to every caption (its "positive prompt").
@@ -32,7 +32,7 @@ NEGATIVE_PROMPT = ("lowres, bad anatomy, bad hands, text, error, missing fingers
                    "artifacts, signature, watermark, username, blurry.")
 
 
-class Emu3Model(PerImageCacheModel, ImageModel):
+class Emu3Model(SharedVocabularyModel, ImageModel):
     name = "emu3"
 
     def __init__(
@@ -154,13 +154,6 @@ class Emu3Model(PerImageCacheModel, ImageModel):
             mask[:, : prompt_mask.shape[1]] = prompt_mask
         return self.hf.model(input_ids=ids, attention_mask=mask, past_key_values=cache,
                              use_cache=True).last_hidden_state
-
-    def embed_image_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.hf.get_input_embeddings()(self.index_to_bpe[tokens])
-
-    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The output head's rows of the image tokens (and the row end): hidden -> logits."""
-        return self.hf.lm_head(hidden)[..., self.index_to_bpe]
 
     def decode(self, tokens: torch.Tensor) -> list[Image.Image]:
         rows, cols = self.grid

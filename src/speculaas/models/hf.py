@@ -190,3 +190,16 @@ class PerImageCacheModel:
         return DraftIO(dim=weight.shape[1], embed=self.embed_image_tokens,
                        logits=lambda h: self.head_logits(h).float(),
                        fingerprint=self._fingerprint, dtype=weight.dtype)
+
+
+class SharedVocabularyModel(PerImageCacheModel):
+    """Adapters whose image tokens live in the text model's vocabulary (Lumina-mGPT/Chameleon,
+    Emu3): `index_to_bpe` maps our image-token index to the model's id, for its input
+    embedding and for the rows of its output head."""
+
+    def embed_image_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.hf.get_input_embeddings()(self.index_to_bpe[tokens])
+
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The output head's rows of the image tokens (and the row end): hidden -> logits."""
+        return self.hf.lm_head(hidden)[..., self.index_to_bpe]

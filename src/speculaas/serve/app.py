@@ -85,6 +85,20 @@ def allowed_hosts(host: str, port: int) -> set[str] | None:
     return names | {f"{n}:{port}" for n in names}
 
 
+def caller_policy(host: str, port: int, api_key: str | None) -> tuple[str | None, set[str] | None]:
+    """(the API key: `api_key` or $SPECULAAS_API_KEY, the Host headers answered) of a server
+    bound to host:port; warns on stderr when it is bound beyond loopback without a key."""
+    import os
+    import sys
+
+    api_key = api_key or os.environ.get("SPECULAAS_API_KEY") or None
+    if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
+        print(f"speculaas serve: warning: bound to {host}, beyond this machine, with no API key "
+              "(--api-key or SPECULAAS_API_KEY): anyone who reaches it can use it",
+              file=sys.stderr, flush=True)
+    return api_key, allowed_hosts(host, port)
+
+
 def check_caller(headers, hosts: set[str] | None, api_key: str | None) -> None:  # noqa: ANN001
     """Refused unless the Host header is one of `hosts` (None: any) and, with an `api_key`,
     the Authorization header carries it (as OpenAI's clients send it: Bearer KEY)."""
@@ -453,8 +467,6 @@ def serve(model_name: str = "builtin", host: str = "127.0.0.1", port: int = 8000
     head must be complete this many seconds after it opens (or after its last response).
     model_options: the adapter's options (device, dtype, vq=, grid=, ...; load_model).
     max_rows: sample rows in flight (a guided image is two; default 2 x max_batch)."""
-    import os
-    import sys
 
     from ..models import load_model
 
@@ -470,12 +482,7 @@ def serve(model_name: str = "builtin", host: str = "127.0.0.1", port: int = 8000
                          f"{MAX_QUEUE}, got {max_batch}, {queue_size}")
     if max_rows is not None and not 1 <= max_rows <= 2 * MAX_BATCH:
         raise ValueError(f"--max-rows must be from 1 to {2 * MAX_BATCH}, got {max_rows}")
-    api_key = api_key or os.environ.get("SPECULAAS_API_KEY") or None
-    hosts = allowed_hosts(host, port)
-    if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
-        print(f"speculaas serve: warning: bound to {host}, beyond this machine, with no API key "
-              "(--api-key or SPECULAAS_API_KEY): anyone who reaches it can use it",
-              file=sys.stderr, flush=True)
+    api_key, hosts = caller_policy(host, port, api_key)
     model = load_model(model_name, weights, **(model_options or {}))
     from ..drafter.head import resolve_drafter
 

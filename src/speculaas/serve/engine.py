@@ -189,6 +189,16 @@ def preview(model: ImageModel, tokens: torch.Tensor, committed: int) -> Image.Im
                            mask)
 
 
+def row_cost(sampling) -> int:  # noqa: ANN001
+    """Sample rows one image takes: two under classifier-free guidance, else one."""
+    return 2 if sampling.uses_cfg else 1
+
+
+def lane_capacity(max_batch: int, max_rows: int, sampling) -> int:  # noqa: ANN001
+    """Images a lane of this sampling holds: at most max_batch, and max_rows' worth of rows."""
+    return min(max_batch, max_rows // row_cost(sampling))
+
+
 def batch_buckets(capacity: int) -> list[int]:
     """The batch sizes whose cost curves window="auto" reads: powers of two up to `capacity`,
     and `capacity` itself."""
@@ -227,11 +237,12 @@ class Lane:
     engine's draft head, drafting every speculative lane's windows."""
 
     def __init__(self, model: ImageModel, req: Request, max_batch: int, max_rows: int,
-                 drafter=None) -> None:  # noqa: ANN001
+                 drafter=None, metrics=None) -> None:  # noqa: ANN001
         self.model = model
         self.rule, self.sampling, jacobi, auto = lane_setting(model, req)
-        self.row_cost = 2 if self.sampling.uses_cfg else 1  # a guided image is two rows
-        self.capacity = capacity = min(max_batch, max_rows // self.row_cost)
+        self.row_cost = row_cost(self.sampling)
+        self.capacity = capacity = lane_capacity(max_batch, max_rows, self.sampling)
+        self.metrics = metrics  # the engine's EngineMetrics, where it keeps them
         self.session = model.start([None] * capacity, cfg=self.sampling.uses_cfg)
         head = drafter if req.method != "ar" else None
         tag = lane_tag(self.session, self.rule, self.sampling, jacobi, head)
@@ -244,7 +255,6 @@ class Lane:
                          Raster(model, policy), gens, drafter=head)
         self.loop.state.retire(list(range(capacity)))
         self.slots: list[Request | None] = [None] * capacity
-        self.metrics = None  # the engine's EngineMetrics, where it keeps them
 
     def free(self) -> list[int]:
         return [i for i, r in enumerate(self.slots) if r is None]
@@ -388,8 +398,7 @@ class Engine:
             if not auto:
                 return
             deadline = time.monotonic() + budget_s
-            capacity = min(self.max_batch, self.max_rows // (2 if sampling.uses_cfg else 1))
-            for b in batch_buckets(capacity):
+            for b in batch_buckets(lane_capacity(self.max_batch, self.max_rows, sampling)):
                 if time.monotonic() > deadline:
                     print(f"speculaas: warm-up stopped after {budget_s:.0f} s; batch sizes from "
                           f"{b} on use the reference cost curve", file=sys.stderr, flush=True)
@@ -408,7 +417,7 @@ class Engine:
         sampling = resolve_sampling(self.model, req.temperature, req.top_k, req.top_p,
                                     req.cfg_scale)
         JacobiConfig(window=req.window, coupling=req.coupling, draft_init=req.draft_init)
-        if sampling.uses_cfg and self.max_rows < 2:
+        if row_cost(sampling) > self.max_rows:
             raise ValueError("an image under guidance takes 2 sample rows (conditional and "
                              f"unconditional); this server runs {self.max_rows} at once")
 
@@ -482,8 +491,7 @@ class Engine:
             if lane is None:
                 try:
                     lane = self.lanes[key] = Lane(self.model, req, self.max_batch,
-                                                  self.max_rows, self.drafter)
-                    lane.metrics = self.metrics
+                                                  self.max_rows, self.drafter, self.metrics)
                 except Exception as e:  # noqa: BLE001 - this request fails, with its cause
                     if not isinstance(e, ValueError):
                         LOG.exception("building a lane for %s failed", key)
