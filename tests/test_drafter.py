@@ -35,13 +35,13 @@ def tiny_head(tiny, tmp_path_factory):
     return folder
 
 
-def random_head(model, depth=4, scale=1.0, seed=0):
+def random_head(model, depth=4, scale=1.0, seed=0, stale=False):
     """An untrained head tied to `model` (a poor drafter: what exactness must survive)."""
     io = model.draft_io()
     torch.manual_seed(seed)
     head = DraftHead(HeadConfig(dim=io.dim, width=16, blocks=1, length=model.layout.length,
                                 stride=model.layout.length // model.layout.grid[0],
-                                vocab=model.vocab_size, depth=depth))
+                                vocab=model.vocab_size, depth=depth, stale=stale))
     with torch.no_grad():
         head.out[1].weight.mul_(scale)
     head.target = {"model": model.name, "fingerprint": io.fingerprint,
@@ -54,8 +54,11 @@ def test_training_writes_a_head_tied_to_its_target(tiny, tiny_head):
     assert record["model"] == "tiny" and record["fingerprint"] == tiny.draft_io().fingerprint
     assert set(record["prior"]) == {"lossless", "relaxed"}
     assert len(record["training"]["heldout"]["agreement"]) == FAST.unroll
+    assert set(record["training"]["heldout"]["after_rejection"]) == {
+        "agreement", "without_stale_feature"}
     head = load_head(tiny_head, tiny)
     assert head.cfg.depth == FAST.depth and head.target["sampling"]["cfg_scale"] == 2.0
+    assert head.cfg.stale  # the default: its first step reads the stale feature
 
 
 @pytest.mark.parametrize("window,tree", [(4, None), (16, None), ("auto", None), (8, (3, 3)),
@@ -66,7 +69,7 @@ def test_sjd_with_a_head_draws_ar_tokens(tiny, tiny_head, window, tree, batch):
     seeds = list(range(10, 10 + batch))
     opts = dict(cfg_scale=2.0, top_k=12, decode_images=False)
     ar = sp.generate(tiny, prompts, method="ar", seed=seeds, **opts)
-    for head in (tiny_head, random_head(tiny, depth=6)):
+    for head in (tiny_head, random_head(tiny, depth=6), random_head(tiny, depth=3, stale=True)):
         out = sp.generate(tiny, prompts, method="sjd", seed=seeds, window=window, tree=tree,
                           drafter=head, **opts)
         assert torch.equal(out.tokens, ar.tokens)
@@ -88,6 +91,64 @@ def test_sjd_with_a_head_on_the_builtin_model_and_row_ends():
     out = sp.generate(rows, [1, 2], method="sjd", seed=[5, 6], window=12,
                       drafter=random_head(rows, depth=8), decode_images=False)
     assert torch.equal(out.sequence, ar.sequence)
+
+
+def test_collected_stale_features_are_the_targets_with_a_rejected_draft(tiny, tiny_head):
+    """The stale passes put a token other than the sample at each stale position; the first
+    position of each pass (no other rejected draft before it) holds exactly the feature a
+    teacher-forced forward gives one position on with that draft in place."""
+    import numpy as np
+
+    from speculaas.drafter.train import STALE_GAP, teacher_features
+
+    data = tiny_head / "data"
+    meta = json.loads((data / "data.json").read_text())
+    positions = meta["stale_positions"]
+    tokens = np.load(data / "tokens.npy")
+    drafts, stale = np.load(data / "stale_tokens.npy"), np.load(data / "stale_features.npy")
+    assert positions and (drafts != tokens[:, positions]).all()
+    firsts = [i for i, p in enumerate(positions) if p < STALE_GAP]
+    assert len(firsts) == 2
+    for i in firsts:  # the first four images' prompts are classes 0..3
+        p = positions[i]
+        seq = torch.from_numpy(tokens[:4]).long()
+        seq[:, p] = torch.from_numpy(drafts[:4, i]).long()
+        want = teacher_features(tiny, [0, 1, 2, 3], seq, cfg=True)[:, p + 1]
+        torch.testing.assert_close(torch.from_numpy(stale[:4, i]).float(), want,
+                                   atol=2e-3, rtol=2e-3)  # float16 on disk
+
+
+def test_a_stale_head_reads_the_feature_its_position_had_with_the_rejected_draft(tiny):
+    """Whenever the loop hands a stale head a stale feature for position p, it is what the
+    target computes at p with the committed tokens before p - 1 and the recorded rejected
+    draft at p - 1 (a teacher-forced forward checks it), and most chains after a rejection get
+    one."""
+    from speculaas.drafter.train import teacher_features
+
+    head = random_head(tiny, depth=2, stale=True)
+    seen, real = [], HeadDrafter.draft
+
+    def spy(self, memory, img, start, committed, *a, **k):
+        has = memory[self.stale_pos_key][img] == start
+        for i in has.nonzero().flatten().tolist():
+            seen.append((int(img[i]), int(start[i]), memory[self.stale_key][img[i]].clone(),
+                         int(memory[self.stale_tok_key][img[i]])))
+        return real(self, memory, img, start, committed, *a, **k)
+
+    HeadDrafter.draft = spy
+    try:
+        prompts = [0, 1, 2, 3]
+        out = sp.generate(tiny, prompts, method="sjd", seed=[1, 2, 3, 4], window=6,
+                          cfg_scale=2.0, drafter=head, decode_images=False)
+    finally:
+        HeadDrafter.draft = real
+    assert len(seen) >= 8
+    for i, p, feat, rejected in seen:
+        seq = out.sequence[i : i + 1].clone()
+        assert seq[0, p - 1] != rejected  # a draft that was rejected there
+        seq[0, p - 1] = rejected
+        want = teacher_features(tiny, [prompts[i]], seq, cfg=True)[0, p]
+        torch.testing.assert_close(feat.float(), want, atol=1e-4, rtol=1e-4)
 
 
 def test_llamagen_trains_a_head_and_sjd_with_it_draws_ar_tokens(tmp_path):
@@ -132,13 +193,15 @@ def toy():
     return sp.load_model("toy", vocab_size=3, length=4, rows=2, seed=0, packed=True)
 
 
-@pytest.mark.parametrize("window,cfg,tree", [(4, None, None), (3, 2.0, None), (8, None, (3, 2))])
-def test_ratio_test_with_a_head_keeps_the_exact_law(toy, window, cfg, tree):
+@pytest.mark.parametrize("window,cfg,tree,stale", [(4, None, None, False), (3, 2.0, None, True),
+                                                   (8, None, (3, 2), False)])
+def test_ratio_test_with_a_head_keeps_the_exact_law(toy, window, cfg, tree, stale):
     """The head's chain (and, in a tree, the candidates ranked by its law, walked with the
-    rule on each node's output) keeps the one-sequence law exact."""
+    rule on each node's output; a stale head reading the last forward's feature) keeps the
+    one-sequence law exact."""
     sampling = SamplingConfig(cfg_scale=cfg)
     jacobi = JacobiConfig(window=window, verify="ratio", draft_depth=3, tree=tree)
-    head = random_head(toy, depth=3)
+    head = random_head(toy, depth=3, stale=stale)
     counts = sample_sequences_with(toy, jacobi, sampling, head)
     assert chi_square_p(counts, toy.exact_distribution(sampling)) > ALPHA
 

@@ -12,6 +12,7 @@ from . import acceptance
 from .checks import is_integer
 from .config import DEFAULT_COUPLING, DEFAULT_DRAFT_INIT, METHODS, JacobiConfig, SamplingConfig
 from .decoding import DecodeResult, autoregressive_decode, decode
+from .decoding.drafting import blend_for
 from .decoding.frontier_rows import check_row_context
 from .decoding.tree import check_tree
 from .decoding.window import WindowPolicy
@@ -105,7 +106,7 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
              advance: str = "per_image", row_context: int | None = None,
              verify: str = "gumbel", tree: tuple | str | None = None,
              drafter=None, draft_depth: int | None = None,  # noqa: ANN001
-             head_blend: float = 0.5,
+             head_blend: float | None = None,
              progress=False, max_batch: int = 32,
              decode_images: bool = True, profile: bool = False, **options) -> GenerationOutput:
     """Generate one image per prompt with `method` (see METHODS); method options by name
@@ -131,8 +132,9 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
     train-drafter`, "shipped" for the built-in model's, or a loaded DraftHead) drafting
     `draft_depth` slots at the head of every window from the target's own features, its law
     multiplied by the slot's stale law (the draft waiting there) to the power `head_blend`
-    (0: the head alone); every rule keeps its law (sjd still draws ar's tokens), and a head
-    trained for other weights is refused."""
+    (0: the head alone; None: 0.5, or 0 for a head that reads the stale feature itself);
+    every rule keeps its law (sjd still draws ar's tokens), and a head trained for other
+    weights is refused."""
     if not isinstance(model, ImageModel):
         hint = f"sp.load_model({model!r})" if isinstance(model, str) else "sp.load_model(NAME)"
         raise ValueError(f"model must be a loaded model ({hint}), got "
@@ -198,7 +200,7 @@ def generate(model: ImageModel, prompts, method: str = "csd", seed: int | list[i
                  **({"row_context": row_context} if row_context is not None else {}),
                  **({"tree": jacobi.tree} if jacobi.tree is not None else {}),
                  **({"drafter": head.head_id, "draft_depth": jacobi.draft_depth
-                     or head.cfg.depth, "head_blend": jacobi.head_blend}
+                     or head.cfg.depth, "head_blend": blend_for(head, jacobi.head_blend)}
                     if head is not None else {}),
                  **options, **vars(sampling)},
         sequence=res.tokens.cpu(),

@@ -205,9 +205,9 @@ def add_decoding_flags(p: argparse.ArgumentParser) -> None:
                         "its law")
     p.add_argument("--draft-depth", type=int, default=None, metavar="N",
                    help="slots the draft head drafts per window (None: the head's default)")
-    p.add_argument("--head-blend", type=float, default=0.5, metavar="X",
+    p.add_argument("--head-blend", type=float, default=None, metavar="X",
                    help="a head's law times the slot's stale law to the power X (0: the head "
-                        "alone)")
+                        "alone; default 0.5, 0 for a head that reads the stale feature)")
     p.add_argument("--temperature", type=float, default=None,
                    help="None: the model's default (1 for every adapter)")
     p.add_argument("--top-k", type=int, default=None,
@@ -298,8 +298,8 @@ def cmd_train_drafter(args: argparse.Namespace) -> None:
                          f"(train-drafter runs on {', '.join(DRAFTER_MODELS)})")
     cfg = TrainConfig(images=args.images, batch=args.batch, steps=args.steps,
                       chains=args.chains, lr=args.lr, unroll=args.unroll, width=args.width,
-                      blocks=args.blocks, depth=args.depth, seed=args.seed,
-                      prior_prompts=args.prior_prompts)
+                      blocks=args.blocks, depth=args.depth, stale=not args.no_stale,
+                      seed=args.seed, prior_prompts=args.prior_prompts)
     from .io import check_writable
 
     out = Path(args.out)
@@ -464,6 +464,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="the head's residual MLP blocks")
     t.add_argument("--depth", type=int, default=TrainConfig.depth,
                    help="slots drafted per window by default (--draft-depth at use)")
+    t.add_argument("--no-stale", action="store_true",
+                   help="a head that does not read the stale feature after a rejection (no "
+                        "stale passes while collecting)")
     t.add_argument("--seed", type=int, default=TrainConfig.seed,
                    help="prompts, samples and minibatches")
     t.add_argument("--prior-prompts", type=int, default=TrainConfig.prior_prompts,

@@ -157,13 +157,14 @@ class JacobiConfig:
     verify: str = "gumbel"
     tree: tuple[int, int, int | None] | None = None
     draft_depth: int | None = None
-    head_blend: float = 0.5
+    head_blend: float | None = None
 
     def __post_init__(self) -> None:
         if self.draft_depth is not None and not (is_integer(self.draft_depth)
                                                  and 1 <= self.draft_depth <= 64):
             raise ValueError(f"draft_depth must be an integer in 1..64, got {self.draft_depth!r}")
-        if not (is_number(self.head_blend) and 0 <= self.head_blend <= 8):
+        if self.head_blend is not None and not (is_number(self.head_blend)
+                                                and 0 <= self.head_blend <= 8):
             raise ValueError(f"head_blend must be a number in [0, 8], got {self.head_blend!r}")
         if self.tree is not None:
             object.__setattr__(self, "tree", parse_tree(self.tree))
@@ -197,9 +198,11 @@ class JacobiConfig:
 class TrainConfig:
     """images: target samples to distil from; batch: images per AR decode while collecting;
     steps / chains / lr: optimisation (chains: minibatch of chains per step); unroll: chain
-    steps trained per chain; width / blocks / depth: the head (HeadConfig); holdout: share of
-    the images kept out of training to report agreement; prior_prompts: held-out prompts
-    decoded per window for the auto window's prior (0: none); checkpoint_every: steps."""
+    steps trained per chain; width / blocks / depth / stale: the head (HeadConfig; stale: its
+    first step reads the stale feature, recorded by teacher-forced passes with rejected drafts);
+    holdout: share of the images kept out of training to report agreement; prior_prompts:
+    held-out prompts decoded per window for the auto window's prior (0: none);
+    checkpoint_every: steps."""
 
     images: int = 1536
     batch: int = 32
@@ -210,6 +213,7 @@ class TrainConfig:
     width: int = 256
     blocks: int = 2
     depth: int = 1
+    stale: bool = True
     holdout: float = 0.05
     seed: int = 0
     prior_prompts: int = 8
@@ -218,6 +222,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_positive_ints(self, ("images", "batch", "steps", "chains", "unroll", "width",
                                    "blocks", "depth", "checkpoint_every"))
+        if not isinstance(self.stale, bool):
+            raise ValueError(f"stale must be true or false, got {self.stale!r}")
         if not (isinstance(self.prior_prompts, int) and self.prior_prompts >= 0):
             raise ValueError(f"prior_prompts must be an integer >= 0, got {self.prior_prompts!r}")
         if not (isinstance(self.lr, (int, float)) and 0 < self.lr < 1):

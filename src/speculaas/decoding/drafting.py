@@ -261,6 +261,12 @@ COUPLINGS: dict[str, type[Coupling]] = {c.name: c for c in (Independent, Maximal
 
 
 
+def blend_for(head, blend: float | None) -> float:  # noqa: ANN001
+    """The exponent of the stale law in a head's product: `blend`, or by default 0.5 for a
+    plain head and 0 for a stale head (its first step reads the stale feature itself)."""
+    return (0.0 if head.cfg.stale else 0.5) if blend is None else float(blend)
+
+
 def _product(head: torch.Tensor, stale: torch.Tensor, weight: float) -> torch.Tensor:
     """head * stale ** weight, normalised (a product of experts; uniform where both vanish)."""
     log = torch.log(head.clamp_min(1e-30)) + weight * torch.log(stale.clamp_min(1e-30))
@@ -278,20 +284,26 @@ class HeadDrafter:
     the stale law knows the whole image, the head the token just committed. Under Gumbel
     verification the draft is the argmax of that law over the position's noise, under the ratio
     test a sample of it with the slot's fresh uniform, and the declared law is that law. A
-    step depends only on committed tokens, the waiting draft's declared law and the chain's
-    earlier drafts, which are the committed tokens whenever its slot is reached, so every rule
-    keeps its law. Images with no feature yet (nothing committed) keep the loop's
-    own drafts. Memory: the last deciding feature per image (cond, and uncond with guidance).
+    step depends only on committed tokens, the last forward (the waiting draft's declared law,
+    a stale feature) and the chain's earlier drafts, which are the committed tokens whenever
+    its slot is reached, so every rule keeps its law. Images with no feature yet (nothing
+    committed) keep the loop's own drafts. Memory: the last deciding feature per image (cond,
+    and uncond with guidance); for a `stale` head also the forward's feature one slot past the
+    commit (computed with the rejected draft as its input), that draft and its position, which
+    the first step reads. blend None: 0.5 for a plain head, 0 for a stale head (its input
+    already holds the stale law's information).
     """
 
     feat_key, has_key = "head.feature", "head.has"
+    stale_key, stale_tok_key, stale_pos_key = "head.stale", "head.stale_token", "head.stale_pos"
 
     def __init__(self, head, io, sampling, structural: tuple[int, ...], depth: int | None,  # noqa: ANN001
-                 blend: float = 0.0) -> None:
+                 blend: float | None = None) -> None:
         self.head, self.io, self.sampling, self.structural = head, io, sampling, structural
         self.depth = head.cfg.depth if depth is None else depth
         self.stride = head.cfg.stride
-        self.blend = blend
+        self.stale = head.cfg.stale
+        self.blend = blend_for(head, blend)
         self.rows = 2 if sampling.uses_cfg else 1
         p = next(head.parameters())
         self.dtype, self.device = p.dtype, p.device
@@ -302,6 +314,10 @@ class HeadDrafter:
         memory[self.feat_key] = torch.zeros(b, self.rows, self.io.dim, device=device,
                                             dtype=self.dtype)
         memory[self.has_key] = torch.zeros(b, dtype=torch.bool, device=device)
+        if self.stale:
+            memory[self.stale_key] = torch.zeros_like(memory[self.feat_key])
+            memory[self.stale_tok_key] = torch.zeros(b, dtype=torch.long, device=device)
+            memory[self.stale_pos_key] = torch.full((b,), -1, dtype=torch.long, device=device)
 
     def draft(self, memory: dict[str, torch.Tensor], img: torch.Tensor, start: torch.Tensor,
               committed: torch.Tensor, slots: int, noise: torch.Tensor | None,
@@ -323,10 +339,17 @@ class HeadDrafter:
             above_pos = p - self.stride
             has_above = (above_pos >= 0) & (above_pos < start)  # committed above
             above = committed[img, above_pos.clamp(min=0)]
-            emb = self.io.embed(torch.stack([prev, above], 1)).to(self.dtype)  # [b, 2, dim]
+            first_stale = self.stale and j == 0
+            ids = [prev, above] + ([memory[self.stale_tok_key][img]] if first_stale else [])
+            emb = self.io.embed(torch.stack(ids, 1)).to(self.dtype)
+            stale_in = None
+            if first_stale:  # the stale feature computed at this very position
+                has = memory[self.stale_pos_key][img] == start
+                stale_in = (memory[self.stale_key][img].reshape(b * r, -1),
+                            emb[:, 2].repeat_interleave(r, 0), has.repeat_interleave(r, 0))
             h = self.head(feat, emb[:, 0].repeat_interleave(r, 0),
                           emb[:, 1].repeat_interleave(r, 0), has_above.repeat_interleave(r, 0),
-                          p.clamp(max=self.head.cfg.length).repeat_interleave(r, 0))
+                          p.clamp(max=self.head.cfg.length).repeat_interleave(r, 0), stale_in)
             logits = self.io.logits(h.to(self.io.dtype)).view(b, r, -1)
             law = target_probs(logits[:, 0], logits[:, 1] if r == 2 else None, self.sampling,
                                self.structural, check=False)
@@ -344,16 +367,31 @@ class HeadDrafter:
 
     def observe(self, memory: dict[str, torch.Tensor], img: torch.Tensor, keep: torch.Tensor,
                 features: tuple[torch.Tensor, torch.Tensor | None],
-                decider: torch.Tensor | None = None) -> None:
+                decider: torch.Tensor | None = None, pos: torch.Tensor | None = None,
+                drafts: torch.Tensor | None = None, tail: torch.Tensor | None = None) -> None:
         """After the commit: keep [b, L] the committed slots; features: the forward's
         (cond, uncond) [b, S, dim]. The feature of the slot that decided each image's last
         committed position (`decider` [b], default its last kept slot) is where the next chain
-        starts."""
+        starts. A stale head also keeps, for a chain (no decider), the feature of the next slot
+        where it stays in flight (tail [b, L]), the draft that was its input (drafts [b, K]) and
+        its position (pos [b, L])."""
         got = keep.any(1)
+        ar = torch.arange(len(img), device=img.device)
         last = decider if decider is not None else (
             keep.long() * torch.arange(1, keep.shape[1] + 1, device=keep.device)).argmax(1)
         parts = [f for f in features if f is not None][: self.rows]
-        feat = torch.stack([f[torch.arange(len(img), device=img.device), last] for f in parts], 1)
+        feat = torch.stack([f[ar, last] for f in parts], 1)
         old = memory[self.feat_key][img]
         memory[self.feat_key][img] = torch.where(got[:, None, None], feat.to(self.dtype), old)
         memory[self.has_key][img] |= got
+        if not self.stale:
+            return
+        if decider is not None or drafts is None or drafts.shape[1] == 0:
+            memory[self.stale_pos_key][img] = -1
+            return
+        L, K = keep.shape[1], drafts.shape[1]
+        nxt = (last + 1).clamp(max=min(L, parts[0].shape[1]) - 1)
+        ok = got & (last + 1 < min(L, parts[0].shape[1])) & (last < K) & tail[ar, nxt]
+        memory[self.stale_key][img] = torch.stack([f[ar, nxt] for f in parts], 1).to(self.dtype)
+        memory[self.stale_tok_key][img] = drafts[ar, last.clamp(max=K - 1)]
+        memory[self.stale_pos_key][img] = torch.where(ok, pos[ar, nxt], -1)

@@ -30,7 +30,7 @@ from ..models.base import ImageModel, Session
 from ..sampling import explain_nonfinite, gumbel_argmax, target_probs
 from .autoregressive import AutoregressiveLoop, autoregressive_decode
 from .costs import CurveSource, cost_curve
-from .drafting import COUPLINGS, FRESH_INITS, FreshSlots, HeadDrafter
+from .drafting import COUPLINGS, FRESH_INITS, FreshSlots, HeadDrafter, blend_for
 from .frontier import Frontier, Raster
 from .frontier_rows import Rows
 from .result import DecodeResult
@@ -159,7 +159,8 @@ class Loop:
         c, q = f.extend(w, v, settle(w, v, plan.takes_extra, f.limit(plan, v)), u)
         self.init.committed(s.memory, plan.img, plan.pos, c.keep, q)
         if self.head is not None:
-            self.head.observe(s.memory, plan.img, c.keep, self.session.features, c.decider)
+            self.head.observe(s.memory, plan.img, c.keep, self.session.features, c.decider,
+                              plan.pos, d, c.tail)
         s.commit(plan.img, plan.pos, c.keep, c.tokens, c.drafted, q)
         s.keep_drafts(plan.img, plan.pos, c.tail, c.tokens, c.laws)
         f.observe(s, plan, v, c)
@@ -226,7 +227,7 @@ def decode(model: ImageModel, session: Session, rule: AcceptanceRule, sampling: 
     tag = curve_tag(session, sampling, rule, jacobi)
     if drafter is not None:
         tag += (f"/head={drafter.head_id}:{jacobi.draft_depth or drafter.cfg.depth}"
-                f":{jacobi.head_blend:g}")
+                f":{blend_for(drafter, jacobi.head_blend):g}")
     costs = CurveSource(model, session.batch_size, sampling.uses_cfg, tag, learn=gumbel)
     if jacobi.row_context is not None:
         frontier: Frontier = Rows(model, int(jacobi.window), int(jacobi.row_context))

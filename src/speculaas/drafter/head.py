@@ -8,6 +8,12 @@ which the target's own output head turns into logits (EAGLE shares its target's 
 output head in the same way). Run for a few steps it drafts a chain; with guidance it runs on
 the conditional and the unconditional features and its logits are mixed as the target's are.
 
+A head with `stale` also reads, at its first step, the stale feature of position p: what the
+target's last forward computed there with another token (the rejected draft) at p - 1, and that
+token's embedding. The stale feature has seen the whole image through every layer; the head
+learns how changing the last input token moves it, which the product with the stale law alone
+cannot (a learned vector stands in where no stale feature exists).
+
 Files: `head.safetensors` (the weights) and `head.json` (the configuration, the target's name
 and weights fingerprint, the sampling it was trained under, the weights' sha256).
 """
@@ -32,7 +38,8 @@ WEIGHTS, RECORD, FORMAT = "head.safetensors", "head.json", "speculaas-draft-head
 class HeadConfig:
     """dim: the target's feature width; width / blocks: the head's own; length: generated
     positions; stride: positions per image row (a row end included); vocab: the target's;
-    depth: chain steps drafted per window (an option at use, this is its default)."""
+    depth: chain steps drafted per window (an option at use, this is its default); stale:
+    the first step also reads the stale feature of its position (module docstring)."""
 
     dim: int
     width: int
@@ -41,9 +48,12 @@ class HeadConfig:
     stride: int
     vocab: int
     depth: int = 4
+    stale: bool = False
 
     def __post_init__(self) -> None:
-        check_positive_ints(self, asdict(self), "head config ")
+        check_positive_ints(self, [k for k in asdict(self) if k != "stale"], "head config ")
+        if not isinstance(self.stale, bool):
+            raise ValueError(f"head config stale must be true or false, got {self.stale!r}")
 
 
 class DraftHead(nn.Module):
@@ -51,9 +61,11 @@ class DraftHead(nn.Module):
         super().__init__()
         self.cfg = cfg
         w = cfg.width
-        self.inp = nn.Linear(3 * cfg.dim, w)
+        self.inp = nn.Linear((5 if cfg.stale else 3) * cfg.dim, w)
         self.pos = nn.Embedding(cfg.length + 1, w)
         self.no_above = nn.Parameter(torch.zeros(cfg.dim))  # first row: nothing above
+        if cfg.stale:  # no stale feature (a chain's later steps, a fully accepted window)
+            self.no_stale = nn.Parameter(torch.zeros(2, cfg.dim))
         self.blocks = nn.ModuleList(
             nn.Sequential(nn.LayerNorm(w), nn.Linear(w, 2 * w), nn.GELU(), nn.Linear(2 * w, w))
             for _ in range(cfg.blocks))
@@ -61,15 +73,29 @@ class DraftHead(nn.Module):
         self.target: dict = {}  # what head.json says about the target (set by load / train)
 
     def forward(self, feature: torch.Tensor, left: torch.Tensor, above: torch.Tensor,
-                has_above: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+                has_above: torch.Tensor, pos: torch.Tensor,
+                stale: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                ) -> torch.Tensor:
         """feature [..., dim]: what decided position pos - 1; left, above [..., dim]: embeddings
-        of the tokens at pos - 1 and pos - stride (has_above [...] False: none); pos [...]
+        of the tokens at pos - 1 and pos - stride (has_above [...] False: none); pos [...];
+        stale (a `stale` head): (the stale feature of pos [..., dim], the embedding of the token
+        it had at pos - 1 [..., dim], which exist [...]), or None where none does
         -> the feature that decides position pos, [..., dim]."""
         above = torch.where(has_above[..., None], above, self.no_above.to(above.dtype))
-        x = self.inp(torch.cat([feature, left, above], -1)) + self.pos(pos)
+        parts, base = [feature, left, above], None
+        if self.cfg.stale:
+            none = self.no_stale.to(feature.dtype)
+            if stale is None:
+                parts += [none[0].expand_as(feature), none[1].expand_as(feature)]
+            else:
+                feat, tok, has = stale
+                parts += [torch.where(has[..., None], feat, none[0]),
+                          torch.where(has[..., None], tok, none[1])]
+                base = torch.where(has[..., None], feat, 0.0)  # a correction of the stale one
+        x = self.inp(torch.cat(parts, -1)) + self.pos(pos)
         for block in self.blocks:
             x = x + block(x)
-        return self.out(x)
+        return self.out(x) if base is None else base + self.out(x)
 
     @property
     def head_id(self) -> str:
@@ -97,7 +123,8 @@ def save_head(head: DraftHead, folder: str | Path, target: dict) -> Path:
 
 
 def shipped_head_path() -> Path:
-    """The head shipped for the built-in model (trained by the command in docs/drafters.md)."""
+    """The head shipped for the built-in model (`speculaas train-drafter --model builtin`, its
+    defaults; docs/benchmarks.md, "Trained draft heads")."""
     from ..models.builtin.model import WEIGHTS_DIR
 
     return WEIGHTS_DIR / "drafter"

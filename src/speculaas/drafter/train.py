@@ -2,7 +2,10 @@
 
 1. collect: the target draws its own images (plain AR under the sampling the head will serve),
    then one teacher-forced forward over each records the feature that decided every position
-   (memory-mapped float16 on disk, written chunk by chunk: an interrupted run resumes).
+   (memory-mapped float16 on disk, written chunk by chunk: an interrupted run resumes). For a
+   stale head, two more teacher-forced passes put a rejected draft (a token of the target's law
+   there other than the sample) at one position in STALE_GAP and record the stale feature one
+   position on: what the decoding loop holds after a rejection.
 2. fit: from the true feature of position j and the true tokens, the head runs `unroll` chain
    steps; step k is trained towards the target's law of position j + 1 + k (soft labels: the
    law that maximises agreement with the target's Gumbel sample is the target's own) and its
@@ -31,6 +34,10 @@ from .head import DraftHead, HeadConfig, save_head
 
 DATA, CHECKPOINT = "data", "train.pt"
 PRIOR_WINDOWS = (2, 4, 8, 16, 32, 64)
+# One rejected draft in 16 positions per pass (two passes, offset by half): each stale feature's
+# context holds few wrong tokens, as after a rejection in the loop (one).
+STALE_GAP = 16
+STALE_SHARE = 0.75  # chains of a stale head that start after a rejection
 
 
 def default_prompts(model: ImageModel, n: int, seed: int) -> list:
@@ -57,15 +64,26 @@ def _stride(model: ImageModel) -> int:
     return model.layout.length // model.layout.grid[0]
 
 
+def stale_positions(model: ImageModel) -> list[int]:
+    """Positions s given a rejected draft in the stale passes (s and s + 1 free), pass by pass."""
+    forced = model.layout.forced.tolist()
+    length = len(forced)
+    return [s for o in (0, STALE_GAP // 2) for s in range(o, length - 1, STALE_GAP)
+            if forced[s] < 0 and forced[s + 1] < 0]
+
+
 class Data:
     """The memory-mapped record of one collection: tokens [N, T] int32, features [N, T, R, D]
-    float16 (R = 2 with guidance: cond, uncond), and data.json (shape, how many are done)."""
+    float16 (R = 2 with guidance: cond, uncond), and data.json (shape, how many are done). With
+    stale positions [P]: the rejected drafts there [N, P] int32 and the stale features one
+    position on [N, P, R, D] float16."""
 
     def __init__(self, folder: Path, n: int, length: int, rows: int, dim: int,
-                 meta: dict) -> None:
+                 meta: dict, stale: list[int] | None = None) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         self.folder, self.meta_path = folder, folder / "data.json"
-        meta = {**meta, "n": n, "length": length, "rows": rows, "dim": dim}
+        meta = {**meta, "n": n, "length": length, "rows": rows, "dim": dim,
+                "stale_positions": stale or []}
         old = json.loads(self.meta_path.read_text()) if self.meta_path.is_file() else None
         fresh = old is None or {k: v for k, v in old.items() if k != "done"} != meta
         self.meta = {**meta, "done": 0 if fresh else int(old["done"])}
@@ -73,6 +91,13 @@ class Data:
         self.tokens = np.lib.format.open_memmap(folder / "tokens.npy", mode, np.int32, (n, length))
         self.features = np.lib.format.open_memmap(folder / "features.npy", mode, np.float16,
                                                   (n, length, rows, dim))
+        self.stale_pos = np.asarray(stale or [], dtype=np.int64)
+        if stale:
+            p = len(stale)
+            self.stale_tok = np.lib.format.open_memmap(folder / "stale_tokens.npy", mode,
+                                                       np.int32, (n, p))
+            self.stale = np.lib.format.open_memmap(folder / "stale_features.npy", mode,
+                                                   np.float16, (n, p, rows, dim))
         if fresh:
             self._save_meta()
 
@@ -80,12 +105,18 @@ class Data:
     def done(self) -> int:
         return self.meta["done"]
 
-    def add(self, tokens: torch.Tensor, features: torch.Tensor) -> None:
+    def add(self, tokens: torch.Tensor, features: torch.Tensor,
+            stale: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         lo, hi = self.done, self.done + len(tokens)
         self.tokens[lo:hi] = tokens.cpu().numpy()
         self.features[lo:hi] = features.cpu().to(torch.float16).numpy()
-        self.tokens.flush()
-        self.features.flush()
+        arrays = [self.tokens, self.features]
+        if stale is not None:
+            self.stale_tok[lo:hi] = stale[0].cpu().numpy()
+            self.stale[lo:hi] = stale[1].cpu().to(torch.float16).numpy()
+            arrays += [self.stale_tok, self.stale]
+        for a in arrays:
+            a.flush()
         self.meta["done"] = hi
         self._save_meta()
 
@@ -112,15 +143,44 @@ def teacher_features(model: ImageModel, prompts: list, sequence: torch.Tensor,
     return torch.stack(parts, 2).float()
 
 
+def stale_features(model: ImageModel, prompts: list, sequence: torch.Tensor,
+                   features: torch.Tensor, positions: list[int], sampling: SamplingConfig,
+                   seed: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rejected drafts at `positions` [P] of sequences [b, T] (each drawn from the target's
+    law there, features [b, T, R, D], other than the sample) and the stale features one
+    position on, [b, P] and [b, P, R, D]: one teacher-forced pass per STALE_GAP offset."""
+    io, structural = model.draft_io(), model.layout.structural
+    gen = torch.Generator().manual_seed(int(np.random.default_rng(seed).integers(1 << 62)))
+    pos = torch.tensor(positions)
+    logits = io.logits(features[:, pos].to(model.device, io.dtype)).float().cpu()
+    r = features.shape[2]
+    q = target_probs(logits[:, :, 0], logits[:, :, 1] if r == 2 else None, sampling,
+                     structural, check=False).nan_to_num(0.0)
+    q = q.scatter(-1, sequence[:, pos, None].cpu().long(), 0.0)
+    q = torch.where(q.sum(-1, keepdim=True) > 0, q, torch.ones_like(q))  # one-token laws
+    drafts = torch.multinomial(q.flatten(0, 1), 1, generator=gen).view(q.shape[:2])
+    stale = torch.zeros(len(sequence), len(positions), *features.shape[2:])
+    for o in sorted({p % STALE_GAP for p in positions}):
+        cols = [i for i, p in enumerate(positions) if p % STALE_GAP == o]
+        seq = sequence.clone().cpu()
+        seq[:, pos[cols]] = drafts[:, cols].to(seq.dtype)
+        feats = teacher_features(model, prompts, seq.to(sequence.device), r == 2).cpu()
+        stale[:, cols] = feats[:, pos[cols] + 1]
+    return drafts, stale
+
+
 def collect(model: ImageModel, prompts: list, sampling: SamplingConfig, folder: Path,
             cfg: TrainConfig, progress: bool = True) -> Data:
-    """Step 1: the target's own samples and features, resumed where a run stopped."""
+    """Step 1: the target's own samples and features (and a stale head's stale features),
+    resumed where a run stopped."""
     from ..api import generate
 
     io = model.draft_io()
     rows = 2 if sampling.uses_cfg else 1
+    stale = stale_positions(model) if cfg.stale else None
     data = Data(folder, len(prompts), model.layout.length, rows, io.dim,
-                {"fingerprint": io.fingerprint, "sampling": vars(sampling), "seed": cfg.seed})
+                {"fingerprint": io.fingerprint, "sampling": vars(sampling), "seed": cfg.seed},
+                stale)
     bar = _bar(progress, len(prompts), data.done, "target samples", "img")
     while data.done < len(prompts):
         lo = data.done
@@ -130,7 +190,9 @@ def collect(model: ImageModel, prompts: list, sampling: SamplingConfig, folder: 
                        temperature=sampling.temperature, top_k=sampling.top_k,
                        top_p=sampling.top_p, cfg_scale=sampling.cfg_scale)
         feats = teacher_features(model, chunk, out.sequence, sampling.uses_cfg)
-        data.add(out.sequence, feats)
+        extra = (stale_features(model, chunk, out.sequence, feats, stale, sampling,
+                                [cfg.seed, lo]) if stale else None)
+        data.add(out.sequence, feats, extra)
         if bar is not None:
             bar.update(len(chunk))
     if bar is not None:
@@ -157,20 +219,42 @@ class Distiller:
         self.free = (model.layout.forced < 0).to(model.device)
         self.structural = model.layout.structural
 
-    def batch(self, images: np.ndarray, starts: np.ndarray):  # noqa: ANN201
+    def starts(self, rng: np.random.Generator, images: np.ndarray,
+               last_start: int) -> tuple[np.ndarray, np.ndarray]:
+        """Chain starts for `images`: for a stale head STALE_SHARE of them at a stale position
+        (the chain's first step reads that stale feature), the rest anywhere; -> starts and
+        the stale index of each (-1: none)."""
+        starts = rng.integers(0, last_start + 1, len(images))
+        index = np.full(len(images), -1)
+        usable = np.flatnonzero(self.data.stale_pos <= last_start) if self.head.cfg.stale else []
+        if len(usable):
+            pick = rng.random(len(images)) < STALE_SHARE
+            index = np.where(pick, rng.choice(usable, len(images)), -1)
+            starts = np.where(pick, self.data.stale_pos[np.maximum(index, 0)], starts)
+        return starts, index
+
+    def batch(self, images: np.ndarray, starts: np.ndarray,
+              stale: np.ndarray | None = None):  # noqa: ANN201
         """Chains from (image, j): tokens and features of positions j .. j + unroll, the tokens
         one row above positions j + 1 .. j + unroll (0 where not committed before the chain),
-        and j."""
+        j, and with stale indices [b] (-1: none) the stale feature of j + 1, the rejected draft
+        at j and which chains have them."""
         dev = self.model.device
         span = starts[:, None] + np.arange(self.unroll + 1)
         tokens = torch.from_numpy(self.data.tokens[images[:, None], span].astype(np.int64))
         feats = torch.from_numpy(self.data.features[images[:, None], span].astype(np.float32))
         above_pos = np.clip(span[:, 1:] - self.stride, 0, None)
         above = torch.from_numpy(self.data.tokens[images[:, None], above_pos].astype(np.int64))
-        return tokens.to(dev), feats.to(dev), above.to(dev), torch.from_numpy(starts).to(dev)
+        out = [tokens.to(dev), feats.to(dev), above.to(dev), torch.from_numpy(starts).to(dev)]
+        if stale is not None and self.head.cfg.stale:
+            i = np.maximum(stale, 0)
+            sf = torch.from_numpy(self.data.stale[images, i].astype(np.float32))
+            st = torch.from_numpy(self.data.stale_tok[images, i].astype(np.int64))
+            out.append((sf.to(dev), st.to(dev), torch.from_numpy(stale >= 0).to(dev)))
+        return out
 
     def run(self, tokens: torch.Tensor, feats: torch.Tensor, above_tokens: torch.Tensor,
-            starts: torch.Tensor):  # noqa: ANN201
+            starts: torch.Tensor, stale: tuple | None = None):  # noqa: ANN201
         """-> (loss, per-step agreement of Gumbel samples [unroll], per-step TV [unroll])."""
         b, r = tokens.shape[0], feats.shape[2]
         io, head = self.io, self.head
@@ -182,8 +266,13 @@ class Distiller:
             above_pos = pos - self.stride
             has_above = (above_pos >= 0) & (above_pos < starts + 1)
             above = io.embed(above_tokens[:, k]).float()
+            stale_in = None
+            if stale is not None and k == 0:
+                sf, st, has = stale
+                stale_in = (sf.reshape(b * r, -1), io.embed(st).float().repeat_interleave(r, 0),
+                            has.repeat_interleave(r, 0))
             h = head(h, emb[:, k].repeat_interleave(r, 0), above.repeat_interleave(r, 0),
-                     has_above.repeat_interleave(r, 0), pos.repeat_interleave(r, 0))
+                     has_above.repeat_interleave(r, 0), pos.repeat_interleave(r, 0), stale_in)
             true = feats[:, k + 1].reshape(b * r, -1)
             with torch.no_grad():
                 tl = io.logits(true.to(io.dtype)).float().view(b, r, -1)
@@ -215,7 +304,8 @@ def fit(model: ImageModel, data: Data, sampling: SamplingConfig, cfg: TrainConfi
     io = model.draft_io()
     hcfg = HeadConfig(dim=io.dim, width=cfg.width, blocks=cfg.blocks,
                       length=model.layout.length, stride=_stride(model),
-                      vocab=model.vocab_size, depth=cfg.depth)
+                      vocab=model.vocab_size, depth=cfg.depth,
+                      stale=cfg.stale and len(data.stale_pos) > 0)
     torch.manual_seed(cfg.seed)
     head = DraftHead(hcfg).to(model.device)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.01)
@@ -247,11 +337,11 @@ def fit(model: ImageModel, data: Data, sampling: SamplingConfig, cfg: TrainConfi
     for step in range(start, cfg.steps):
         rng = np.random.default_rng([cfg.seed, step])
         images = rng.integers(0, train_n, cfg.chains)
-        starts = rng.integers(0, last_start + 1, cfg.chains)
+        starts, stale = dist.starts(rng, images, last_start)
         lr = cfg.lr * 0.5 * (1 + math.cos(math.pi * step / cfg.steps))
         for g in opt.param_groups:
             g["lr"] = lr
-        loss, agree, _ = dist.run(*dist.batch(images, starts))
+        loss, agree, _ = dist.run(*dist.batch(images, starts, stale))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -283,16 +373,32 @@ def model_params(model: ImageModel) -> list[torch.nn.Parameter]:
 @torch.no_grad()
 def evaluate(dist: Distiller, images: np.ndarray, cfg: TrainConfig, last_start: int) -> dict:
     """Agreement of the head's Gumbel sample with the target's and total variation, per chain
-    step, over chains of held-out images."""
+    step, over chains of held-out images starting anywhere; for a stale head also the first
+    step's after a rejection (chains at stale positions, with and without the stale feature)."""
     rng = np.random.default_rng([cfg.seed, 1 << 30])
     count = min(2048, len(images) * 64)
     imgs = images[rng.integers(0, len(images), count)]
     starts = rng.integers(0, last_start + 1, count)
+    report = _agreement(dist, imgs, starts, None)
+    usable = np.flatnonzero(dist.data.stale_pos <= last_start) if dist.head.cfg.stale else []
+    if len(usable):
+        index = rng.choice(usable, count)
+        starts = dist.data.stale_pos[index]
+        with_stale = _agreement(dist, imgs, starts, index)
+        without = _agreement(dist, imgs, starts, np.full(count, -1))
+        report["after_rejection"] = {"agreement": with_stale["agreement"][0],
+                                     "without_stale_feature": without["agreement"][0]}
+    return report
+
+
+def _agreement(dist: Distiller, imgs: np.ndarray, starts: np.ndarray,
+               stale: np.ndarray | None) -> dict:
     agree, tv = [], []
     dist.head.eval()
-    for lo in range(0, count, 256):
+    for lo in range(0, len(imgs), 256):
         sl = slice(lo, lo + 256)
-        _, a, t = dist.run(*dist.batch(imgs[sl], starts[sl]))
+        _, a, t = dist.run(*dist.batch(imgs[sl], starts[sl],
+                                       None if stale is None else stale[sl]))
         agree.append(a)
         tv.append(t)
     return {"agreement": [round(x, 3) for x in torch.stack(agree).mean(0).tolist()],
