@@ -15,7 +15,8 @@ Part 2 (CPU latency, float32, batch 1 and 8): AR and window="auto" with and with
 rounds interleaved, the median ratio to AR, and the head's share of the decode's time.
 Part 3 (--skip takes it too): how the head is used, sjd at window 16 on 16 more held-out
 captions: no head, and depth 1 / 2 / 4 with the head's law alone (head_blend 0) or times the
-waiting draft's (0.5).
+waiting draft's (0.5). benchmarks/drafter_ceiling.py gives the ceiling of a head of a given
+agreement and depth.
 The last line is a JSON of every number printed.
 """
 
@@ -164,9 +165,12 @@ def main() -> None:
     np.random.seed(0)
     model = sp.load_model("builtin")
     head = load_head(args.head, model)
-    print(f"head {args.head} ({head.head_id}), depth {head.cfg.depth}; "
-          f"{sum(x.numel() for x in head.parameters()) / 1e6:.2f} M parameters", flush=True)
-    result = {"head": head.head_id, "depth": head.cfg.depth}
+    held = head.target.get("training", {}).get("heldout", {})
+    print(f"head {args.head} ({head.head_id}), depth {head.cfg.depth}, stale {head.cfg.stale}; "
+          f"{sum(x.numel() for x in head.parameters()) / 1e6:.2f} M parameters; held-out "
+          f"agreement {held.get('agreement')}, after a rejection {held.get('after_rejection')}",
+          flush=True)
+    result = {"head": head.head_id, "depth": head.cfg.depth, "stale": head.cfg.stale}
     skip = set(args.skip.split(","))
     if "part1" not in skip:
         print("| variant | step compr. | single-token its | modelled GPU | fidelity | "

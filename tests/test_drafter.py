@@ -19,7 +19,7 @@ from speculaas.drafter.train import TrainConfig, train_drafter
 
 TINY = dict(vocab_size=16, grid=(4, 4), num_classes=4, d_model=32, n_layers=2, n_heads=2)
 FAST = TrainConfig(images=48, batch=16, steps=30, chains=32, unroll=3, width=32, blocks=1,
-                   depth=3, prior_prompts=2, checkpoint_every=10)
+                   depth=3, stale=True, prior_prompts=2, checkpoint_every=10)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def test_training_writes_a_head_tied_to_its_target(tiny, tiny_head):
         "agreement", "without_stale_feature"}
     head = load_head(tiny_head, tiny)
     assert head.cfg.depth == FAST.depth and head.target["sampling"]["cfg_scale"] == 2.0
-    assert head.cfg.stale  # the default: its first step reads the stale feature
+    assert head.cfg.stale  # its first step reads the stale feature (the others' do not)
 
 
 @pytest.mark.parametrize("window,tree", [(4, None), (16, None), ("auto", None), (8, (3, 3)),

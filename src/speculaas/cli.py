@@ -298,7 +298,7 @@ def cmd_train_drafter(args: argparse.Namespace) -> None:
                          f"(train-drafter runs on {', '.join(DRAFTER_MODELS)})")
     cfg = TrainConfig(images=args.images, batch=args.batch, steps=args.steps,
                       chains=args.chains, lr=args.lr, unroll=args.unroll, width=args.width,
-                      blocks=args.blocks, depth=args.depth, stale=not args.no_stale,
+                      blocks=args.blocks, depth=args.depth, stale=args.stale,
                       seed=args.seed, prior_prompts=args.prior_prompts)
     from .io import check_writable
 
@@ -464,9 +464,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="the head's residual MLP blocks")
     t.add_argument("--depth", type=int, default=TrainConfig.depth,
                    help="slots drafted per window by default (--draft-depth at use)")
-    t.add_argument("--no-stale", action="store_true",
-                   help="a head that does not read the stale feature after a rejection (no "
-                        "stale passes while collecting)")
+    t.add_argument("--stale", action="store_true",
+                   help="a head whose first step reads the stale feature after a rejection "
+                        "(more teacher-forced passes while collecting; docs/architecture.md)")
     t.add_argument("--seed", type=int, default=TrainConfig.seed,
                    help="prompts, samples and minibatches")
     t.add_argument("--prior-prompts", type=int, default=TrainConfig.prior_prompts,

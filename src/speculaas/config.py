@@ -213,7 +213,7 @@ class TrainConfig:
     width: int = 256
     blocks: int = 2
     depth: int = 1
-    stale: bool = True
+    stale: bool = False
     holdout: float = 0.05
     seed: int = 0
     prior_prompts: int = 8

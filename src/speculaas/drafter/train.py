@@ -3,8 +3,8 @@
 1. collect: the target draws its own images (plain AR under the sampling the head will serve),
    then one teacher-forced forward over each records the feature that decided every position
    (memory-mapped float16 on disk, written chunk by chunk: an interrupted run resumes). For a
-   stale head, two more teacher-forced passes put a rejected draft (a token of the target's law
-   there other than the sample) at one position in STALE_GAP and record the stale feature one
+   stale head, more teacher-forced passes put a rejected draft (drawn, as in the loop, from a
+   stale law, never the sample) at one position in STALE_GAP and record the stale feature one
    position on: what the decoding loop holds after a rejection.
 2. fit: from the true feature of position j and the true tokens, the head runs `unroll` chain
    steps; step k is trained towards the target's law of position j + 1 + k (soft labels: the
@@ -146,26 +146,43 @@ def teacher_features(model: ImageModel, prompts: list, sequence: torch.Tensor,
 def stale_features(model: ImageModel, prompts: list, sequence: torch.Tensor,
                    features: torch.Tensor, positions: list[int], sampling: SamplingConfig,
                    seed: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rejected drafts at `positions` [P] of sequences [b, T] (each drawn from the target's
-    law there, features [b, T, R, D], other than the sample) and the stale features one
-    position on, [b, P] and [b, P, R, D]: one teacher-forced pass per STALE_GAP offset."""
+    """The rejected drafts at `positions` [P] of sequences [b, T] and the stale features one
+    position on, [b, P] and [b, P, R, D] (features [b, T, R, D]: the true ones). As in the
+    loop, a rejected draft was drawn from a stale law: per STALE_GAP offset, one teacher-forced
+    pass with a token other than the sample one position earlier gives the stale law at each
+    position, the rejected draft is drawn from it (never the sample), and a second pass with
+    that draft in place gives the stale feature one position on."""
     io, structural = model.draft_io(), model.layout.structural
     gen = torch.Generator().manual_seed(int(np.random.default_rng(seed).integers(1 << 62)))
-    pos = torch.tensor(positions)
-    logits = io.logits(features[:, pos].to(model.device, io.dtype)).float().cpu()
-    r = features.shape[2]
-    q = target_probs(logits[:, :, 0], logits[:, :, 1] if r == 2 else None, sampling,
-                     structural, check=False).nan_to_num(0.0)
-    q = q.scatter(-1, sequence[:, pos, None].cpu().long(), 0.0)
-    q = torch.where(q.sum(-1, keepdim=True) > 0, q, torch.ones_like(q))  # one-token laws
-    drafts = torch.multinomial(q.flatten(0, 1), 1, generator=gen).view(q.shape[:2])
+    r, forced = features.shape[2], model.layout.forced.cpu()
+    seq0 = sequence.cpu().long()
+
+    def reject(feats: torch.Tensor, taken: torch.Tensor) -> torch.Tensor:
+        """A draw from the law of feats [b, n, R, D] other than `taken` [b, n]."""
+        logits = io.logits(feats.to(model.device, io.dtype)).float().cpu()
+        q = target_probs(logits[:, :, 0], logits[:, :, 1] if r == 2 else None, sampling,
+                         structural, check=False).nan_to_num(0.0)
+        q = q.scatter(-1, taken[..., None], 0.0)
+        q = torch.where(q.sum(-1, keepdim=True) > 0, q, torch.ones_like(q))  # one-token laws
+        return torch.multinomial(q.flatten(0, 1), 1, generator=gen).view(q.shape[:2])
+
+    def forward(seq: torch.Tensor) -> torch.Tensor:
+        return teacher_features(model, prompts, seq.to(sequence.device), r == 2).cpu()
+
+    drafts = torch.zeros(len(sequence), len(positions), dtype=torch.long)
     stale = torch.zeros(len(sequence), len(positions), *features.shape[2:])
     for o in sorted({p % STALE_GAP for p in positions}):
-        cols = [i for i, p in enumerate(positions) if p % STALE_GAP == o]
-        seq = sequence.clone().cpu()
-        seq[:, pos[cols]] = drafts[:, cols].to(seq.dtype)
-        feats = teacher_features(model, prompts, seq.to(sequence.device), r == 2).cpu()
-        stale[:, cols] = feats[:, pos[cols] + 1]
+        cols = torch.tensor([i for i, p in enumerate(positions) if p % STALE_GAP == o])
+        pos = torch.tensor(positions)[cols]
+        earlier = pos[(pos > 0) & (forced[(pos - 1).clamp(min=0)] < 0)] - 1
+        seq = seq0.clone()
+        seq[:, earlier] = reject(features[:, earlier].cpu(), seq0[:, earlier])
+        law_feats = forward(seq)[:, pos] if len(earlier) else features[:, pos].cpu()
+        d = reject(law_feats, seq0[:, pos])
+        seq = seq0.clone()
+        seq[:, pos] = d
+        drafts[:, cols] = d
+        stale[:, cols] = forward(seq)[:, pos + 1]
     return drafts, stale
 
 
