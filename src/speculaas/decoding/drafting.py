@@ -263,11 +263,13 @@ COUPLINGS: dict[str, type[Coupling]] = {c.name: c for c in (Independent, Maximal
 
 def blend_for(head, blend: float | None) -> float:  # noqa: ANN001
     """The exponent of the stale law in a head's product: `blend`, or by default 0.5 for a
-    plain head and 0 for a stale head (its first step reads the stale feature itself)."""
+    plain head and 0 for a stale head (where its first step read the stale feature itself;
+    HeadDrafter uses 0.5 at the steps that did not)."""
     return (0.0 if head.cfg.stale else 0.5) if blend is None else float(blend)
 
 
-def _product(head: torch.Tensor, stale: torch.Tensor, weight: float) -> torch.Tensor:
+def _product(head: torch.Tensor, stale: torch.Tensor,
+             weight: float | torch.Tensor) -> torch.Tensor:
     """head * stale ** weight, normalised (a product of experts; uniform where both vanish)."""
     log = torch.log(head.clamp_min(1e-30)) + weight * torch.log(stale.clamp_min(1e-30))
     return torch.softmax(log, -1)
@@ -290,8 +292,8 @@ class HeadDrafter:
     committed) keep the loop's own drafts. Memory: the last deciding feature per image (cond,
     and uncond with guidance); for a `stale` head also the forward's feature one slot past the
     commit (computed with the rejected draft as its input), that draft and its position, which
-    the first step reads. blend None: 0.5 for a plain head, 0 for a stale head (its input
-    already holds the stale law's information).
+    the first step reads. blend None: 0.5, but 0 where a stale head's first step read the
+    stale feature (its input already holds the stale law's information).
     """
 
     feat_key, has_key = "head.feature", "head.has"
@@ -304,6 +306,7 @@ class HeadDrafter:
         self.stride = head.cfg.stride
         self.stale = head.cfg.stale
         self.blend = blend_for(head, blend)
+        self.fallback = 0.5 if blend is None else self.blend  # where no stale feature was read
         self.rows = 2 if sampling.uses_cfg else 1
         p = next(head.parameters())
         self.dtype, self.device = p.dtype, p.device
@@ -354,8 +357,11 @@ class HeadDrafter:
             law = target_probs(logits[:, 0], logits[:, 1] if r == 2 else None, self.sampling,
                                self.structural, check=False)
             law = torch.nan_to_num(law, nan=1.0 / law.shape[-1])  # a head never breaks a decode
-            if stale is not None and self.blend > 0:
-                law = _product(law, stale[:, j], self.blend)
+            weight = self.fallback
+            if first_stale and self.blend != self.fallback:
+                weight = torch.where(has, self.blend, self.fallback)[:, None].to(law.dtype)
+            if stale is not None and (torch.is_tensor(weight) or weight > 0):
+                law = _product(law, stale[:, j], weight)
             tok = (gumbel_argmax(law, noise[:, j]) if noise is not None
                    else sample_with_uniform(law, uniforms[:, j]))
             if forced is not None:
