@@ -305,8 +305,8 @@ class HeadDrafter:
         self.depth = head.cfg.depth if depth is None else depth
         self.stride = head.cfg.stride
         self.stale = head.cfg.stale
-        self.blend = blend_for(head, blend)
-        self.fallback = 0.5 if blend is None else self.blend  # where no stale feature was read
+        self.blend = 0.5 if blend is None else float(blend)  # where no stale feature was read
+        self.stale_blend = blend_for(head, blend)  # where a stale head's first step read one
         self.rows = 2 if sampling.uses_cfg else 1
         p = next(head.parameters())
         self.dtype, self.device = p.dtype, p.device
@@ -357,9 +357,9 @@ class HeadDrafter:
             law = target_probs(logits[:, 0], logits[:, 1] if r == 2 else None, self.sampling,
                                self.structural, check=False)
             law = torch.nan_to_num(law, nan=1.0 / law.shape[-1])  # a head never breaks a decode
-            weight = self.fallback
-            if first_stale and self.blend != self.fallback:
-                weight = torch.where(has, self.blend, self.fallback)[:, None].to(law.dtype)
+            weight = self.blend
+            if first_stale and self.stale_blend != self.blend:
+                weight = torch.where(has, self.stale_blend, self.blend)[:, None].to(law.dtype)
             if stale is not None and (torch.is_tensor(weight) or weight > 0):
                 law = _product(law, stale[:, j], weight)
             tok = (gumbel_argmax(law, noise[:, j]) if noise is not None
@@ -395,9 +395,9 @@ class HeadDrafter:
         if decider is not None or drafts is None or drafts.shape[1] == 0:
             memory[self.stale_pos_key][img] = -1
             return
-        L, K = keep.shape[1], drafts.shape[1]
-        nxt = (last + 1).clamp(max=min(L, parts[0].shape[1]) - 1)
-        ok = got & (last + 1 < min(L, parts[0].shape[1])) & (last < K) & tail[ar, nxt]
+        slots, K = min(keep.shape[1], parts[0].shape[1]), drafts.shape[1]
+        nxt = (last + 1).clamp(max=slots - 1)
+        ok = got & (last + 1 < slots) & (last < K) & tail[ar, nxt]
         memory[self.stale_key][img] = torch.stack([f[ar, nxt] for f in parts], 1).to(self.dtype)
         memory[self.stale_tok_key][img] = drafts[ar, last.clamp(max=K - 1)]
         memory[self.stale_pos_key][img] = torch.where(ok, pos[ar, nxt], -1)

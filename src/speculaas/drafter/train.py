@@ -243,12 +243,18 @@ class Distiller:
         the stale index of each (-1: none)."""
         starts = rng.integers(0, last_start + 1, len(images))
         index = np.full(len(images), -1)
-        usable = np.flatnonzero(self.data.stale_pos <= last_start) if self.head.cfg.stale else []
+        usable = self.stale_starts(last_start)
         if len(usable):
             pick = rng.random(len(images)) < STALE_SHARE
             index = np.where(pick, rng.choice(usable, len(images)), -1)
             starts = np.where(pick, self.data.stale_pos[np.maximum(index, 0)], starts)
         return starts, index
+
+    def stale_starts(self, last_start: int) -> np.ndarray:
+        """Indices of the stale positions a chain may start at (none for a plain head)."""
+        if not self.head.cfg.stale:
+            return np.zeros(0, dtype=np.int64)
+        return np.flatnonzero(self.data.stale_pos <= last_start)
 
     def batch(self, images: np.ndarray, starts: np.ndarray,
               stale: np.ndarray | None = None):  # noqa: ANN201
@@ -397,7 +403,7 @@ def evaluate(dist: Distiller, images: np.ndarray, cfg: TrainConfig, last_start: 
     imgs = images[rng.integers(0, len(images), count)]
     starts = rng.integers(0, last_start + 1, count)
     report = _agreement(dist, imgs, starts, None)
-    usable = np.flatnonzero(dist.data.stale_pos <= last_start) if dist.head.cfg.stale else []
+    usable = dist.stale_starts(last_start)
     if len(usable):
         index = rng.choice(usable, count)
         starts = dist.data.stale_pos[index]
