@@ -163,7 +163,8 @@ def stale_features(model: ImageModel, prompts: list, sequence: torch.Tensor,
         q = target_probs(logits[:, :, 0], logits[:, :, 1] if r == 2 else None, sampling,
                          structural, check=False).nan_to_num(0.0)
         q = q.scatter(-1, taken[..., None], 0.0)
-        q = torch.where(q.sum(-1, keepdim=True) > 0, q, torch.ones_like(q))  # one-token laws
+        others = torch.ones_like(q).scatter(-1, taken[..., None], 0.0)
+        q = torch.where(q.sum(-1, keepdim=True) > 0, q, others)  # one-token laws: any other
         return torch.multinomial(q.flatten(0, 1), 1, generator=gen).view(q.shape[:2])
 
     def forward(seq: torch.Tensor) -> torch.Tensor:
