@@ -6,7 +6,9 @@ Commands are the lines of ```bash blocks (and of the scripts they run with `bash
 `speculaas` script), `captions` and `--help`. The others (training, benchmarks, servers, GPUs,
 hub checkpoints, installs) cannot run here; their arguments go through the real parser, and the
 command's own checks up to the point where work starts (prompts, method specs, output paths,
-cost-curve files), in the repository root as the docs say. A bare `speculaas SUBCOMMAND` in prose names the subcommand: its `--help` must work.
+cost-curve files), in the repository root as the docs say. A bare `speculaas SUBCOMMAND` in
+prose names the subcommand: its `--help` must work. A generate command that repeats an earlier
+one (up to its --out) is parsed, not run again.
 """
 
 from __future__ import annotations
@@ -120,6 +122,18 @@ def _runs_here(args: list[str]) -> bool:
             and opts.get("--drafter", "shipped") == "shipped")  # else a head the reader trains
 
 
+def _without_out(argv: tuple[str, ...]) -> tuple[str, ...]:
+    i = argv.index("--out") if "--out" in argv else len(argv)
+    return argv[:i] + argv[i + 2:]
+
+
+def _first_run(cmd: Command) -> bool:
+    """Whether no earlier command runs the same generate (up to where it writes): a repeat is
+    only parsed."""
+    same = [c for c in COMMANDS if _without_out(c.argv) == _without_out(cmd.argv)]
+    return same[0] == cmd
+
+
 class Parsed(Exception):  # noqa: N818 - a signal, not an error
     """Raised where the command would start its work: everything before it was checked."""
 
@@ -225,7 +239,7 @@ def test_doc_command(cmd: Command, tmp_path, monkeypatch, capsys):
             main(args)
         assert exited is None or exited.value.code == 0, f"{cmd}: {capsys.readouterr().err}"
         return
-    if args is not None and argv[0] == "speculaas" and _runs_here(args):
+    if args is not None and argv[0] == "speculaas" and _runs_here(args) and _first_run(cmd):
         exe = shutil.which("speculaas") or str(Path(sys.executable).parent / "speculaas")
         run = subprocess.run([exe, *args], cwd=tmp_path, capture_output=True, text=True,
                              timeout=600)

@@ -75,14 +75,13 @@ def test_sjd_with_a_head_draws_ar_tokens(tiny, tiny_head, window, tree, batch):
         assert torch.equal(out.tokens, ar.tokens)
 
 
-def test_sjd_with_a_head_on_the_builtin_model_and_row_ends():
-    builtin = sp.load_model("builtin")
+def test_sjd_with_a_head_on_the_builtin_model_and_row_ends(builtin):
+    """The shipped head on the built-in model (random heads: on the tiny models, above)."""
     prompts = ["a big red circle on the left over grass", "a small blue square on the right"]
     ar = sp.generate(builtin, prompts, method="ar", seed=[3, 4], decode_images=False)
-    for head in (random_head(builtin), "shipped"):
-        out = sp.generate(builtin, prompts, method="sjd", seed=[3, 4], window=8, drafter=head,
-                          decode_images=False)
-        assert torch.equal(out.tokens, ar.tokens)
+    out = sp.generate(builtin, prompts, method="sjd", seed=[3, 4], window=8, drafter="shipped",
+                      decode_images=False)
+    assert torch.equal(out.tokens, ar.tokens)
     shipped = load_head("shipped", builtin)  # tied to these weights, with its measured prior
     assert shipped.target["fingerprint"] == builtin.draft_io().fingerprint
     assert shipped.target["prior"]["lossless"]["16"] > 1.5
