@@ -1,6 +1,7 @@
 """Does a draft head gain from attention over the prefix? One head step, offline, two heads.
 
     python benchmarks/drafter_context.py [--data DIR] [--images 1536] [--steps 1500]
+        [--heads mlp,attention] [--train-images N]
 
 Both heads do the first chain step of `speculaas train-drafter` (from the target's feature that
 decided position t and the token drawn there, the feature that decides t + 1), trained on the
@@ -13,7 +14,7 @@ Reported: held-out agreement of the head's Gumbel sample with the target's (what
 acceptance under sample-exact verification) and total variation, for the head's law alone and
 for its product with the stale law^0.5 (the loop's default blend; the stale law is the target's
 law at t + 1 with a rejected token, drawn from the law of t, at t). The last line is a JSON of
-every number.
+every number. --train-images N trains on fewer of the samples: how agreement grows with data.
 """
 
 from __future__ import annotations
@@ -194,6 +195,8 @@ def main() -> None:
     p.add_argument("--positions", type=int, default=64, help="loss positions per image")
     p.add_argument("--held", type=int, default=48, help="held-out images (the last ones)")
     p.add_argument("--heads", default="mlp,attention")
+    p.add_argument("--train-images", type=int, default=0,
+                   help="train on the first N images only (0: all but the held-out ones)")
     args = p.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     model = sp.load_model("builtin")
@@ -207,6 +210,9 @@ def main() -> None:
     length, r, dev = model.layout.length, data.meta["rows"], model.device
     stride = length // model.layout.grid[0]
     held = np.arange(args.images - args.held, args.images)
+    pool = args.train_images or args.images - args.held
+    if not 0 < pool <= args.images - args.held:
+        raise SystemExit(f"--train-images must be in 1..{args.images - args.held}")
     t0 = time.perf_counter()
     stale_q = stale_laws(model, data, held, sampling, seed=2)
     print(f"stale laws of {len(held)} held-out images ({time.perf_counter() - t0:.0f} s)",
@@ -221,7 +227,7 @@ def main() -> None:
         t0 = time.perf_counter()
         for step in range(args.steps):
             rng = np.random.default_rng([0, step])
-            images = rng.integers(0, args.images - args.held, args.batch)
+            images = rng.integers(0, pool, args.batch)
             picks = torch.from_numpy(np.sort(rng.choice(length - 1, args.positions, False)))
             for g in opt.param_groups:
                 g["lr"] = 2e-3 * 0.5 * (1 + math.cos(math.pi * step / args.steps))
