@@ -27,14 +27,19 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import speculaas as sp
 from speculaas.config import TrainConfig
 from speculaas.drafter.head import DraftHead, HeadConfig
-from speculaas.drafter.train import collect, default_prompts, teacher_features
-from speculaas.sampling import combine_cfg, target_probs
+from speculaas.drafter.train import (
+    collect,
+    default_prompts,
+    distill_loss,
+    draw_other,
+    teacher_features,
+)
+from speculaas.sampling import target_probs
 
 GAP = 17  # stale passes: one rejected draft in GAP positions
 
@@ -75,8 +80,8 @@ class PlainHead(nn.Module):
 
 
 def sequences(data, images: np.ndarray, stride: int, io, dev):  # noqa: ANN001, ANN201
-    """Whole-image inputs: features [b*R, T, D] (rows cond, uncond per image), tokens [b, T],
-    embeddings of the token at t and of the one a row below it's above (t + 1 - stride)."""
+    """Whole-image head inputs: features [b*R, T, D] (rows cond, uncond per image), embeddings
+    of the token at t and of the one above t + 1 (t + 1 - stride), which exist, positions."""
     tokens = torch.from_numpy(data.tokens[images].astype(np.int64)).to(dev)
     feats = torch.from_numpy(data.features[images].astype(np.float32)).to(dev)  # [b, T, R, D]
     b, length, r, d = feats.shape
@@ -86,7 +91,7 @@ def sequences(data, images: np.ndarray, stride: int, io, dev):  # noqa: ANN001, 
     has_above = (above_pos >= 0)[None].expand(b * r, -1)
     emb = io.embed(tokens).float().repeat_interleave(r, 0)
     above = emb[:, above_pos.clamp(min=0)]
-    return tokens, feats, emb, above, has_above, (t + 1).clamp(max=length)[None].expand(b * r, -1)
+    return feats, emb, above, has_above, (t + 1).clamp(max=length)[None].expand(b * r, -1)
 
 
 def laws(io, feats: torch.Tensor, r: int, sampling, structural):  # noqa: ANN001, ANN201
@@ -99,21 +104,10 @@ def laws(io, feats: torch.Tensor, r: int, sampling, structural):  # noqa: ANN001
 
 
 def step_loss(head, batch, io, r, sampling, structural, picks):  # noqa: ANN001, ANN201
-    tokens, feats, emb, above, has_above, pos = batch
+    """train-drafter's own loss (distill_loss) at positions `picks`, averaged."""
+    feats, emb, above, has_above, pos = batch
     out = head(feats, emb, above, has_above, pos, picks)  # [bR, P, D]: decides t + 1
-    true = feats[:, picks + 1]
-    with torch.no_grad():
-        tl, q = laws(io, true, r, sampling, structural)
-        q_rows = tl.softmax(-1)
-    hl = io.logits(out).float()
-    b = hl.shape[0] // r
-    hl = hl.view(b, r, *hl.shape[1:])
-    guided = combine_cfg(hl[:, 0], hl[:, 1] if r == 2 else None, sampling.cfg_scale)
-    guided = guided / sampling.temperature
-    ce = -(q * guided.log_softmax(-1)).sum(-1).mean()
-    ce_rows = -(q_rows * hl.log_softmax(-1)).sum(-1).mean()
-    feat = F.smooth_l1_loss(out, true)
-    return ce + 0.5 * ce_rows + feat
+    return distill_loss(io, out, feats[:, picks + 1], r, sampling, structural)[0].mean()
 
 
 @torch.no_grad()
@@ -126,10 +120,10 @@ def measure(head, data, images, stride, io, r, sampling, structural, stale_q, de
     for lo in range(0, len(images), 4):
         chunk = images[lo: lo + 4]
         batch = sequences(data, chunk, stride, io, dev)
-        feats = batch[1]
+        feats = batch[0]
         length = feats.shape[1]
         picks = torch.arange(length - 1, device=dev)
-        out = head(*batch[1:], picks)
+        out = head(*batch, picks)
         _, q = laws(io, feats[:, picks + 1], r, sampling, structural)
         hl, p = laws(io, out, r, sampling, structural)
         sq = stale_q[lo: lo + 4][:, : length - 1].to(dev)
@@ -170,9 +164,7 @@ def stale_laws(model, data, images, sampling, seed: int):  # noqa: ANN001, ANN20
         length = seq.shape[1]
         _, q = laws(io, feats.permute(0, 2, 1, 3).reshape(r, length, -1), r, sampling,
                     structural)
-        q = q[0].scatter(-1, seq[0][:, None], 0.0)
-        q = torch.where(q.sum(-1, keepdim=True) > 0, q, torch.ones_like(q))
-        rejected = torch.multinomial(q, 1, generator=gen)[:, 0]
+        rejected = draw_other(q[0], seq[0], gen)
         res = torch.zeros(length - 1, model.vocab_size)
         passes = [torch.arange(o, length - 1, GAP) for o in range(GAP)]
         batch = seq.repeat(GAP, 1)
@@ -198,7 +190,6 @@ def main() -> None:
     p.add_argument("--train-images", type=int, default=0,
                    help="train on the first N images only (0: all but the held-out ones)")
     args = p.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     model = sp.load_model("builtin")
     sampling = model.defaults
     io, structural = model.draft_io(), model.layout.structural

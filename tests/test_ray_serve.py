@@ -55,12 +55,12 @@ def test_two_replicas_serve_concurrent_requests_each_its_seeds_image(cluster):
     def client(seed: int) -> None:
         results[seed] = _post(cluster, {"prompt": "3", "seed": seed, "window": 4})
 
-    threads = [threading.Thread(target=client, args=(s,)) for s in range(4)]
+    threads = [threading.Thread(target=client, args=(s,)) for s in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=180)
-    assert sorted(results) == list(range(4))
+    assert sorted(results) == list(range(8))
     assert all(r.status_code == 200 for r in results.values()), results
     assert len({r.headers[REPLICA_HEADER] for r in results.values()}) == 2  # both were used
     model = sp.load_model("tiny", **TINY)

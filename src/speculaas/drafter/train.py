@@ -143,6 +143,41 @@ def teacher_features(model: ImageModel, prompts: list, sequence: torch.Tensor,
     return torch.stack(parts, 2).float()
 
 
+def draw_other(q: torch.Tensor, taken: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """A draw from the law q [..., V] other than `taken` [...]: a rejected draft, never the
+    sample (where q is that one token, any other token, uniformly)."""
+    q = q.scatter(-1, taken[..., None], 0.0)
+    others = torch.ones_like(q).scatter(-1, taken[..., None], 0.0)
+    q = torch.where(q.sum(-1, keepdim=True) > 0, q, others)  # one-token laws: any other
+    return torch.multinomial(q.reshape(-1, q.shape[-1]), 1, generator=gen).view(q.shape[:-1])
+
+
+def distill_loss(io, h: torch.Tensor, true: torch.Tensor, rows: int,  # noqa: ANN001
+                 sampling: SamplingConfig, structural: tuple[int, ...]):  # noqa: ANN201
+    """The head's loss against the target's: its features h and the target's true ones
+    [b * rows, ..., dim] (rows cond, uncond per chain) -> (loss [b, ...], the head's logits
+    [b, rows, ..., V], the target's law q [b, ..., V]). Cross-entropy of the head's guided law
+    towards q (soft labels), half that of each row's law towards the target's row, and a
+    smooth-L1 pull of the feature towards the target's."""
+    with torch.no_grad():
+        tl = io.logits(true.to(io.dtype)).float()
+        tl = tl.view(-1, rows, *tl.shape[1:])
+        q = target_probs(tl[:, 0], tl[:, 1] if rows == 2 else None, sampling, structural,
+                         check=False)
+        q_rows = tl.softmax(-1)
+    hl = io.logits(h.to(io.dtype)).float()
+    hl = hl.view(-1, rows, *hl.shape[1:])
+    guided = combine_cfg(hl[:, 0], hl[:, 1] if rows == 2 else None,
+                         sampling.cfg_scale) / sampling.temperature
+    if structural:
+        guided[..., list(structural)] = -1e4
+    ce = -(q * guided.log_softmax(-1)).sum(-1)
+    ce_rows = -(q_rows * hl.log_softmax(-1)).sum(-1).mean(1)
+    feat = F.smooth_l1_loss(h, true, reduction="none").mean(-1)
+    feat = feat.view(-1, rows, *feat.shape[1:]).mean(1)
+    return ce + 0.5 * ce_rows + feat, hl, q
+
+
 def stale_features(model: ImageModel, prompts: list, sequence: torch.Tensor,
                    features: torch.Tensor, positions: list[int], sampling: SamplingConfig,
                    seed: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -162,10 +197,7 @@ def stale_features(model: ImageModel, prompts: list, sequence: torch.Tensor,
         logits = io.logits(feats.to(model.device, io.dtype)).float().cpu()
         q = target_probs(logits[:, :, 0], logits[:, :, 1] if r == 2 else None, sampling,
                          structural, check=False).nan_to_num(0.0)
-        q = q.scatter(-1, taken[..., None], 0.0)
-        others = torch.ones_like(q).scatter(-1, taken[..., None], 0.0)
-        q = torch.where(q.sum(-1, keepdim=True) > 0, q, others)  # one-token laws: any other
-        return torch.multinomial(q.flatten(0, 1), 1, generator=gen).view(q.shape[:2])
+        return draw_other(q, taken, gen)
 
     def forward(seq: torch.Tensor) -> torch.Tensor:
         return teacher_features(model, prompts, seq.to(sequence.device), r == 2).cpu()
@@ -298,21 +330,9 @@ class Distiller:
             h = head(h, emb[:, k].repeat_interleave(r, 0), above.repeat_interleave(r, 0),
                      has_above.repeat_interleave(r, 0), pos.repeat_interleave(r, 0), stale_in)
             true = feats[:, k + 1].reshape(b * r, -1)
-            with torch.no_grad():
-                tl = io.logits(true.to(io.dtype)).float().view(b, r, -1)
-                q = target_probs(tl[:, 0], tl[:, 1] if r == 2 else None, self.sampling,
-                                 self.structural, check=False)
-                q_rows = tl.softmax(-1)
-            hl = io.logits(h.to(io.dtype)).float().view(b, r, -1)
-            guided = combine_cfg(hl[:, 0], hl[:, 1] if r == 2 else None,
-                                 self.sampling.cfg_scale) / self.sampling.temperature
-            if self.structural:
-                guided[..., list(self.structural)] = -1e4
+            loss, hl, q = distill_loss(io, h, true, r, self.sampling, self.structural)
             free = self.free[pos.clamp(max=self.length - 1)].float()
-            ce = -(q * guided.log_softmax(-1)).sum(-1)
-            ce_rows = -(q_rows * hl.log_softmax(-1)).sum(-1).mean(1)
-            feat = F.smooth_l1_loss(h, true, reduction="none").mean(-1).view(b, r).mean(1)
-            losses.append(((ce + 0.5 * ce_rows + feat) * free).sum() / free.sum().clamp(min=1))
+            losses.append((loss * free).sum() / free.sum().clamp(min=1))
             with torch.no_grad():
                 p = target_probs(hl[:, 0], hl[:, 1] if r == 2 else None, self.sampling,
                                  self.structural, check=False)
