@@ -4,6 +4,7 @@ it observes, and follows the cost curve it is given."""
 import itertools
 import json
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ import speculaas as sp
 from speculaas.api import generators_for
 from speculaas.config import JacobiConfig, SamplingConfig
 from speculaas.decoding import decode
+from speculaas.decoding import loop as loop_mod
 from speculaas.decoding.loop import measure_cost_curve
 from speculaas.decoding.window import AutoWindow
 
@@ -120,8 +122,19 @@ def test_cost_curve_persists_for_the_machine(tmp_path, monkeypatch):
     from speculaas.decoding.costs import cost_cache_file
 
     monkeypatch.setenv("SPECULAAS_CACHE_DIR", str(tmp_path))
+    # A steady clock (each reading dt later than the last): on a busy machine real timings can
+    # stay noisy for every round, and a noisy curve is rightly measured again by the next
+    # process. dt changes after the first measurement, so measuring again would show.
+    clock = {"now": 0.0, "dt": 5e-4}
+
+    def tick() -> float:
+        clock["now"] += clock["dt"]
+        return clock["now"]
+
+    monkeypatch.setattr(loop_mod, "time", SimpleNamespace(perf_counter=tick))
     first = sp.load_model("tiny", vocab_size=12, grid=(3, 5), seed=0)
     curve = measure_cost_curve(first, first.start([1], cfg=True), CFG, (1, 4))
+    clock["dt"] = 1e-3
     assert cost_cache_file() == tmp_path / "cost_curves.json" and cost_cache_file().is_file()
     # Another model object of the same shape (another process, in effect) reuses the curve.
     second = sp.load_model("tiny", vocab_size=12, grid=(3, 5), seed=1)
