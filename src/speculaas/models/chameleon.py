@@ -160,17 +160,6 @@ class ChameleonModel(SharedVocabularyModel, ImageModel):
         self.hf.model(input_ids=rows, attention_mask=mask, past_key_values=cache, use_cache=True)
         return mask
 
-    def window_hidden(self, inputs: torch.Tensor, prompt_end: torch.Tensor | None, cache,
-                      prompt_mask: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
-        ids = self.index_to_bpe[inputs].clone()
-        if prompt_end is not None:
-            ids[:, 0] = prompt_end
-        past = int(cache.get_seq_length())
-        mask = torch.ones(len(ids), past + ids.shape[1], dtype=torch.long, device=ids.device)
-        mask[:, : prompt_mask.shape[1]] = prompt_mask
-        return self.hf.model(input_ids=ids, attention_mask=mask, past_key_values=cache,
-                             use_cache=True).last_hidden_state
-
     def decode(self, tokens: torch.Tensor) -> list[Image.Image]:
         if self.vqgan is None:
             raise ValueError("no VQGAN pixel decoder: pass vqgan=FOLDER holding vqgan.ckpt and "

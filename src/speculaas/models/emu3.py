@@ -141,20 +141,6 @@ class Emu3Model(SharedVocabularyModel, ImageModel):
         self.hf.model(input_ids=rows, attention_mask=mask, past_key_values=cache, use_cache=True)
         return mask
 
-    def window_hidden(
-        self, inputs: torch.Tensor, prompt_end: torch.Tensor | None, cache, prompt_mask=None
-    ) -> torch.Tensor:  # noqa: ANN001
-        ids = self.index_to_bpe[inputs].clone()
-        if prompt_end is not None:
-            ids[:, 0] = prompt_end
-        mask = None
-        if prompt_mask is not None:
-            past = int(cache.get_seq_length())
-            mask = torch.ones(len(ids), past + ids.shape[1], dtype=torch.long, device=ids.device)
-            mask[:, : prompt_mask.shape[1]] = prompt_mask
-        return self.hf.model(input_ids=ids, attention_mask=mask, past_key_values=cache,
-                             use_cache=True).last_hidden_state
-
     def decode(self, tokens: torch.Tensor) -> list[Image.Image]:
         rows, cols = self.grid
         codes = self.layout.image_tokens(tokens).to(self.device).view(-1, rows, cols)

@@ -203,3 +203,20 @@ class SharedVocabularyModel(PerImageCacheModel):
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The output head's rows of the image tokens (and the row end): hidden -> logits."""
         return self.hf.lm_head(hidden)[..., self.index_to_bpe]
+
+    def window_hidden(self, inputs: torch.Tensor, prompt_end: torch.Tensor | None, cache,  # noqa: ANN001
+                      prompt_mask: torch.Tensor | None) -> torch.Tensor:
+        """The text model's last hidden states over a window of image tokens [rows, L] (the
+        first replaced by the last prompt token `prompt_end` when the window opens the image),
+        after the cached prefix; prompt_mask (prefill's state): the guidance rows' left padding,
+        extended over the cached image tokens and the window."""
+        ids = self.index_to_bpe[inputs].clone()
+        if prompt_end is not None:
+            ids[:, 0] = prompt_end
+        mask = None
+        if prompt_mask is not None:
+            past = int(cache.get_seq_length())
+            mask = torch.ones(len(ids), past + ids.shape[1], dtype=torch.long, device=ids.device)
+            mask[:, : prompt_mask.shape[1]] = prompt_mask
+        return self.hf.model(input_ids=ids, attention_mask=mask, past_key_values=cache,
+                             use_cache=True).last_hidden_state
