@@ -82,6 +82,11 @@ def guided(io, feats: torch.Tensor, sampling, structural) -> torch.Tensor:  # no
     return target_probs(cond, uncond, sampling, structural, check=False)
 
 
+def rows_first(t: torch.Tensor) -> torch.Tensor:
+    """[b, P, R, D] -> [b * R, P, D], rows cond, uncond per image (distill_loss's layout)."""
+    return t.permute(0, 2, 1, 3).reshape(-1, t.shape[1], t.shape[3])
+
+
 def compression(a: float, depth: int, cost: float) -> tuple[float, float]:
     """Tokens per verify forward of a chain of `depth` drafts agreeing with probability a each
     (a geometric run, plus the verify forward's own token), and per target forward with the
@@ -164,8 +169,7 @@ def main() -> None:
                 tgt = true[imgs][:, pos]
                 for g in opt.param_groups:
                     g["lr"] = 2e-3 * 0.5 * (1 + math.cos(math.pi * step / args.steps))
-                flat = lambda t: t.permute(0, 2, 1, 3).reshape(-1, t.shape[1], t.shape[3])  # noqa: E731
-                loss = distill_loss(io, ex(flat(x)), flat(tgt), rows, sampling,
+                loss = distill_loss(io, ex(rows_first(x)), rows_first(tgt), rows, sampling,
                                     structural)[0].mean()
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
