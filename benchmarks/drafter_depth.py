@@ -15,8 +15,8 @@ k = n_layers is the target itself (agreement 1): the check that states and sampl
 Also printed: the drafter's cost per drafted token in target forwards (k / n_layers) and the
 step compression a chain of d drafts then reaches at that agreement (a geometric run, every
 step agreeing independently), with the forwards a drafted token costs counted in.
-The samples are train-drafter's own collection (kept in --data and reused; a --temperature
-other than the model's needs a --data folder of its own).
+The samples are train-drafter's own collection (kept in --data and reused; other settings,
+e.g. another --temperature or --images, collect afresh there: give each its own folder).
 """
 
 from __future__ import annotations
