@@ -37,9 +37,9 @@ from speculaas.drafter.train import (
     default_prompts,
     distill_loss,
     draw_other,
+    target_law,
     teacher_features,
 )
-from speculaas.sampling import target_probs
 
 GAP = 17  # stale passes: one rejected draft in GAP positions
 
@@ -94,15 +94,6 @@ def sequences(data, images: np.ndarray, stride: int, io, dev):  # noqa: ANN001, 
     return feats, emb, above, has_above, (t + 1).clamp(max=length)[None].expand(b * r, -1)
 
 
-def laws(io, feats: torch.Tensor, r: int, sampling, structural):  # noqa: ANN001, ANN201
-    logits = io.logits(feats).float()
-    b = logits.shape[0] // r
-    logits = logits.view(b, r, *logits.shape[1:])
-    q = target_probs(logits[:, 0], logits[:, 1] if r == 2 else None, sampling, structural,
-                     check=False)
-    return logits, q
-
-
 def step_loss(head, batch, io, r, sampling, structural, picks):  # noqa: ANN001, ANN201
     """train-drafter's own loss (distill_loss) at positions `picks`, averaged."""
     feats, emb, above, has_above, pos = batch
@@ -124,8 +115,8 @@ def measure(head, data, images, stride, io, r, sampling, structural, stale_q, de
         length = feats.shape[1]
         picks = torch.arange(length - 1, device=dev)
         out = head(*batch, picks)
-        _, q = laws(io, feats[:, picks + 1], r, sampling, structural)
-        hl, p = laws(io, out, r, sampling, structural)
+        _, q = target_law(io, feats[:, picks + 1], r, sampling, structural)
+        _, p = target_law(io, out, r, sampling, structural)
         sq = stale_q[lo: lo + 4][:, : length - 1].to(dev)
         blend = p * sq.pow(0.5)
         blend = blend / blend.sum(-1, keepdim=True)
@@ -162,7 +153,7 @@ def stale_laws(model, data, images, sampling, seed: int):  # noqa: ANN001, ANN20
         seq = torch.from_numpy(data.tokens[i].astype(np.int64))[None]
         feats = torch.from_numpy(data.features[i].astype(np.float32))[None]
         length = seq.shape[1]
-        _, q = laws(io, feats.permute(0, 2, 1, 3).reshape(r, length, -1), r, sampling,
+        _, q = target_law(io, feats.permute(0, 2, 1, 3).reshape(r, length, -1), r, sampling,
                     structural)
         rejected = draw_other(q[0], seq[0], gen)
         res = torch.zeros(length - 1, model.vocab_size)
@@ -172,7 +163,7 @@ def stale_laws(model, data, images, sampling, seed: int):  # noqa: ANN001, ANN20
             batch[k, pos] = rejected[pos]
         f = teacher_features(model, [prompts[i]] * GAP, batch, r == 2)  # [GAP, T, R, D]
         for k, pos in enumerate(passes):
-            _, sq = laws(io, f[k].transpose(0, 1)[:, pos + 1], r, sampling, structural)
+            _, sq = target_law(io, f[k].transpose(0, 1)[:, pos + 1], r, sampling, structural)
             res[pos] = sq[0]
         out.append(res.half())
     return torch.stack(out)

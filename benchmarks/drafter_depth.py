@@ -34,8 +34,13 @@ from torch import nn
 
 import speculaas as sp
 from speculaas.config import TrainConfig
-from speculaas.drafter.train import collect, default_prompts, distill_loss, teacher_features
-from speculaas.sampling import target_probs
+from speculaas.drafter.train import (
+    collect,
+    default_prompts,
+    distill_loss,
+    target_law,
+    teacher_features,
+)
 
 
 class Exit(nn.Module):
@@ -74,17 +79,14 @@ def layer_states(model, prompts: list, tokens: np.ndarray, rows: int) -> torch.T
     return out.half().clone(memory_format=torch.contiguous_format)
 
 
-def guided(io, feats: torch.Tensor, sampling, structural) -> torch.Tensor:  # noqa: ANN001
-    """features [b, ..., R, D] -> the guided law [b, ..., V]."""
-    logits = io.logits(feats).float()
-    cond = logits[..., 0, :]
-    uncond = logits[..., 1, :] if logits.shape[-2] == 2 else None
-    return target_probs(cond, uncond, sampling, structural, check=False)
-
-
 def rows_first(t: torch.Tensor) -> torch.Tensor:
     """[b, P, R, D] -> [b * R, P, D], rows cond, uncond per image (distill_loss's layout)."""
     return t.permute(0, 2, 1, 3).reshape(-1, t.shape[1], t.shape[3])
+
+
+def guided(io, feats: torch.Tensor, rows: int, sampling, structural) -> torch.Tensor:  # noqa: ANN001
+    """features [b, T, R, D] -> the target's sampled law [b, T, V] (train.target_law)."""
+    return target_law(io, rows_first(feats), rows, sampling, structural)[1]
 
 
 def compression(a: float, depth: int, cost: float) -> tuple[float, float]:
@@ -138,7 +140,7 @@ def main() -> None:
     length = states.shape[2]
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
-        q_held = torch.cat([guided(io, true[i: i + 8], sampling, structural)
+        q_held = torch.cat([guided(io, true[i: i + 8], rows, sampling, structural)
                             for i in range(held[0], args.images, 8)])
         noise = torch.empty(q_held.shape).exponential_(generator=gen)
         sample = (q_held / noise).argmax(-1)
@@ -152,7 +154,7 @@ def main() -> None:
     for k in depths or range(1, n_layers + 1):
         with torch.no_grad():
             lens = torch.cat([guided(io, model.decoder.norm(states[i: i + 8, k - 1].float()),
-                                     sampling, structural)
+                                     rows, sampling, structural)
                               for i in range(held[0], args.images, 8)])
         res = {"layers": k, "cost": round(k / n_layers, 3), "lens": score(lens)}
         if k < n_layers:
@@ -165,7 +167,7 @@ def main() -> None:
                 rng = np.random.default_rng([0, step])
                 imgs = rng.integers(0, pool, args.batch)
                 pos = torch.from_numpy(np.sort(rng.choice(length, args.positions, False)))
-                x = states[imgs][:, k - 1][:, pos].float()  # [b, P, R, D]
+                x = states[imgs, k - 1][:, pos].float()  # [b, P, R, D]
                 tgt = true[imgs][:, pos]
                 for g in opt.param_groups:
                     g["lr"] = 2e-3 * 0.5 * (1 + math.cos(math.pi * step / args.steps))
@@ -176,8 +178,8 @@ def main() -> None:
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
                 opt.step()
             with torch.no_grad():
-                trained = torch.cat([guided(io, ex(states[i: i + 8, k - 1].float()), sampling,
-                                            structural)
+                trained = torch.cat([guided(io, ex(states[i: i + 8, k - 1].float()), rows,
+                                            sampling, structural)
                                      for i in range(held[0], args.images, 8)])
             res["trained"] = score(trained)
             res["train_seconds"] = round(time.perf_counter() - t0)

@@ -152,6 +152,18 @@ def draw_other(q: torch.Tensor, taken: torch.Tensor, gen: torch.Generator) -> to
     return torch.multinomial(q.reshape(-1, q.shape[-1]), 1, generator=gen).view(q.shape[:-1])
 
 
+def target_law(io, feats: torch.Tensor, rows: int, sampling: SamplingConfig,  # noqa: ANN001
+               structural: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Features [b * rows, ..., dim] (rows cond, uncond per chain) through the target's output
+    head -> (its logits [b, rows, ..., V], the sampled law q [b, ..., V]: guidance, temperature,
+    top-k/p and the structural tokens, as the target draws)."""
+    logits = io.logits(feats.to(io.dtype)).float()
+    logits = logits.view(-1, rows, *logits.shape[1:])
+    q = target_probs(logits[:, 0], logits[:, 1] if rows == 2 else None, sampling, structural,
+                     check=False)
+    return logits, q
+
+
 def distill_loss(io, h: torch.Tensor, true: torch.Tensor, rows: int,  # noqa: ANN001
                  sampling: SamplingConfig, structural: tuple[int, ...]):  # noqa: ANN201
     """The head's loss against the target's: its features h and the target's true ones
@@ -160,10 +172,7 @@ def distill_loss(io, h: torch.Tensor, true: torch.Tensor, rows: int,  # noqa: AN
     towards q (soft labels), half that of each row's law towards the target's row, and a
     smooth-L1 pull of the feature towards the target's."""
     with torch.no_grad():
-        tl = io.logits(true.to(io.dtype)).float()
-        tl = tl.view(-1, rows, *tl.shape[1:])
-        q = target_probs(tl[:, 0], tl[:, 1] if rows == 2 else None, sampling, structural,
-                         check=False)
+        tl, q = target_law(io, true, rows, sampling, structural)
         q_rows = tl.softmax(-1)
     hl = io.logits(h.to(io.dtype)).float()
     hl = hl.view(-1, rows, *hl.shape[1:])
